@@ -1,0 +1,256 @@
+"""What a release ships besides rendered text: the runtime wheel and the drafter weights.
+
+Drafter weights move by content: a sha256 manifest is compared with what the host
+already has (any earlier drafter directory), matching files are hard-linked there,
+only missing or different files are sent (rsync over SSH, resumable: partial data
+survives an interruption), everything lands in a temporary directory that is
+renamed into `shared/drafters/<digest>` only after every checksum verifies.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from opsctl.config import HostConfig
+from opsctl.errors import ConfigError, HostError
+from opsctl.hosts import Connection
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CACHE_DIR = Path(os.environ.get("OPSCTL_CACHE_DIR", Path.home() / ".cache" / "opsctl"))
+
+
+# --------------------------------------------------------------------------- hashing
+
+
+def _hash_cache() -> dict:
+    try:
+        return json.loads((CACHE_DIR / "sha256-cache.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def sha256_file(path: Path, cache: dict | None = None) -> str:
+    st = path.stat()
+    key = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+    if cache is not None and key in cache:
+        return cache[key]
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(4 << 20):
+            h.update(chunk)
+    digest = h.hexdigest()
+    if cache is not None:
+        cache[key] = digest
+    return digest
+
+
+@dataclass(frozen=True)
+class DrafterManifest:
+    files: dict[str, dict]  # relative path -> {"sha256", "size"}
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.files, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f["size"] for f in self.files.values())
+
+    def to_json(self) -> str:
+        return json.dumps({"digest": self.digest, "files": self.files}, indent=1, sort_keys=True) + "\n"
+
+
+def drafter_manifest(source: Path) -> DrafterManifest:
+    if not source.is_dir():
+        raise ConfigError(f"drafter weights directory {source} does not exist",
+                          "set opsctl.drafter.source in the inventory to the directory holding "
+                          "config.json and *.safetensors" +
+                          ("; for the lab run 'opsctl lab up'" if "opsctl-lab" in str(source) else ""))
+    files = sorted(p for p in source.rglob("*") if p.is_file() and not p.name.startswith("."))
+    if not any(p.suffix == ".safetensors" for p in files) or not (source / "config.json").is_file():
+        raise ConfigError(f"drafter directory {source} has no config.json or no *.safetensors file",
+                          "point opsctl.drafter.source at a complete DFlash drafter checkout")
+    cache = _hash_cache()
+    out = {str(p.relative_to(source)): {"sha256": sha256_file(p, cache), "size": p.stat().st_size} for p in files}
+    try:
+        CACHE_DIR.mkdir(parents=True, exist_ok=True)
+        (CACHE_DIR / "sha256-cache.json").write_text(json.dumps(cache))
+    except OSError:
+        pass
+    return DrafterManifest(out)
+
+
+# --------------------------------------------------------------------------- runtime wheel
+
+
+def runtime_source_digest(source: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(source.rglob("*")):
+        rel = p.relative_to(source)
+        if not p.is_file() or any(part in ("__pycache__", "build", "dist", "tests", "bench") or part.endswith(".egg-info")
+                                  for part in rel.parts):
+            continue
+        h.update(str(rel).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def runtime_wheel(host: HostConfig) -> Path:
+    """The runtime wheel a ddtree release installs: the inventory's prebuilt one, or
+    built from runtime/ (cached by source digest, reproducible timestamps)."""
+    if host.runtime.runtime_wheel:
+        wheel = host.runtime.runtime_wheel
+        if not wheel.is_file():
+            raise ConfigError(f"runtime wheel {wheel} does not exist",
+                              "build it with scripts/build-runtime-wheel or drop opsctl.runtime.runtime_wheel")
+        return wheel
+    source = host.runtime.runtime_source or REPO_ROOT / "runtime"
+    if not (source / "pyproject.toml").is_file():
+        raise ConfigError(f"no runtime source at {source}", "set opsctl.runtime.runtime_wheel to a built wheel")
+    out = CACHE_DIR / "wheels" / runtime_source_digest(source)[:16]
+    existing = sorted(out.glob("*.whl"))
+    if existing:
+        return existing[0]
+    tmp = Path(tempfile.mkdtemp(prefix="opsctl-wheel-"))
+    env = {**os.environ, "SOURCE_DATE_EPOCH": "1700000000", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(tmp), str(source)],
+                          capture_output=True, text=True, env=env)
+    wheels = sorted(tmp.glob("*.whl"))
+    if proc.returncode != 0 or not wheels:
+        raise ConfigError(f"building the runtime wheel from {source} failed: {(proc.stderr or proc.stdout).strip()[-300:]}",
+                          "run scripts/build-runtime-wheel to see the full error")
+    out.mkdir(parents=True, exist_ok=True)
+    final = out / wheels[0].name
+    os.replace(wheels[0], final)
+    return final
+
+
+# --------------------------------------------------------------------------- drafter sync
+
+
+@dataclass
+class SyncResult:
+    digest: str
+    bytes_total: int
+    bytes_sent: int
+    files_sent: int
+    files_linked: int
+    already_present: bool
+    duration_s: float
+
+    def as_dict(self) -> dict:
+        return self.__dict__.copy()
+
+
+def remote_drafter_state(conn: Connection, host: HostConfig) -> tuple[set[str], dict[str, str]]:
+    """(complete drafter digests on the host, sha256 -> path of a verified file there)."""
+    base = host.install_root / "shared" / "drafters"
+    res = conn.run(f"for m in {base}/*/manifest.json; do [ -f \"$m\" ] && echo \"$m\" && cat \"$m\"; done; true",
+                   check=False)
+    digests: set[str] = set()
+    by_sha: dict[str, str] = {}
+    text = res.stdout
+    for match in re.finditer(r"^(/\S+/manifest\.json)\n(\{.*?\n\})\n?", text, flags=re.S | re.M):
+        path, body = match.group(1), match.group(2)
+        try:
+            data = json.loads(body)
+        except ValueError:
+            continue
+        d = Path(path).parent
+        digests.add(d.name)
+        for rel, meta in data.get("files", {}).items():
+            by_sha.setdefault(meta["sha256"], str(d / rel))
+    return digests, by_sha
+
+
+def plan_drafter(conn: Connection, host: HostConfig, manifest: DrafterManifest) -> dict:
+    """What a sync would do, without doing it."""
+    digests, by_sha = remote_drafter_state(conn, host)
+    if manifest.digest in digests:
+        return {"present": True, "send": [], "link": [], "bytes_to_send": 0}
+    send = [r for r, m in manifest.files.items() if m["sha256"] not in by_sha]
+    link = [r for r, m in manifest.files.items() if m["sha256"] in by_sha]
+    return {"present": False, "send": send, "link": link,
+            "bytes_to_send": sum(manifest.files[r]["size"] for r in send)}
+
+
+def _die_with_parent() -> None:
+    # an rsync left behind by a killed controller would keep writing to the host
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def ssh_command(host: HostConfig) -> list[str]:
+    ssh = ["ssh", "-p", str(host.ssh.port), "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
+           "-o", "ServerAliveInterval=15", "-o", "IdentitiesOnly=yes"]
+    if host.ssh.key_file:
+        ssh += ["-i", str(host.ssh.key_file)]
+    if host.ssh.strict_host_keys:
+        known = host.ssh.known_hosts or Path("~/.ssh/known_hosts").expanduser()
+        ssh += ["-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known}"]
+    else:
+        ssh += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"]
+    return ssh
+
+
+def sync_drafter(conn: Connection, host: HostConfig, source: Path, manifest: DrafterManifest,
+                 progress: Callable[[str], None] | None = None) -> SyncResult:
+    t0 = time.monotonic()
+    base = host.install_root / "shared" / "drafters"
+    final = base / manifest.digest
+    incoming = base / f".incoming-{manifest.digest}"
+    plan = plan_drafter(conn, host, manifest)
+    if plan["present"]:
+        return SyncResult(manifest.digest, manifest.total_bytes, 0, 0, 0, True, time.monotonic() - t0)
+    _, by_sha = remote_drafter_state(conn, host)
+    conn.run(f"mkdir -p {shlex.quote(str(incoming))}")
+    links = []
+    for rel in plan["link"]:
+        src = by_sha[manifest.files[rel]["sha256"]]
+        dst = incoming / rel
+        links.append(f"mkdir -p {shlex.quote(str(dst.parent))} && ln -f {shlex.quote(src)} {shlex.quote(str(dst))}")
+    if links:
+        conn.run(" && ".join(links))
+    bytes_sent = 0
+    if plan["send"]:
+        if progress:
+            progress(f"sending {len(plan['send'])} drafter file(s), {plan['bytes_to_send'] / 2**20:.1f} MiB")
+        with tempfile.NamedTemporaryFile("w", suffix=".list") as flist:
+            flist.write("\n".join(plan["send"]) + "\n")
+            flist.flush()
+            cmd = ["rsync", "-a", "--partial-dir=.rsync-partial", "--stats", "--files-from", flist.name,
+                   "-e", " ".join(shlex.quote(a) for a in ssh_command(host)),
+                   f"{source}/", f"{host.ssh.user}@{host.ssh.address}:{incoming}/"]
+            proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=_die_with_parent)
+        if proc.returncode != 0:
+            raise HostError(f"drafter transfer to {host.name} failed (rsync exit {proc.returncode}): "
+                            f"{proc.stderr.strip().splitlines()[-1:] or ['']}".replace("['", "").replace("']", ""),
+                            "check disk space and that rsync is installed on the host; the next deploy resumes")
+        m = re.search(r"Total bytes sent: ([\d,]+)", proc.stdout)
+        bytes_sent = int(m.group(1).replace(",", "")) if m else 0
+    # verify every checksum before the directory gets its final name
+    sums = "".join(f"{meta['sha256']}  {rel}\n" for rel, meta in manifest.files.items())
+    check = conn.run(f"cd {shlex.quote(str(incoming))} && sha256sum --quiet -c -", stdin=sums, check=False)
+    if not check.ok:
+        bad = (check.stdout + check.stderr).strip().splitlines()[:3]
+        conn.run(f"cd {shlex.quote(str(incoming))} && sha256sum -c - 2>/dev/null | grep -v ': OK$' | cut -d: -f1 | xargs -r rm -f --",
+                 stdin=sums, check=False)
+        raise HostError(f"drafter checksum mismatch on {host.name}: {'; '.join(bad)}",
+                        "the bad files were removed; run the deploy again to resend them")
+    conn.run(f"cat > {shlex.quote(str(incoming / 'manifest.json'))} && rm -rf {shlex.quote(str(incoming / '.rsync-partial'))} "
+             f"&& mv -T {shlex.quote(str(incoming))} {shlex.quote(str(final))}", stdin=manifest.to_json())
+    return SyncResult(manifest.digest, manifest.total_bytes, bytes_sent, len(plan["send"]), len(plan["link"]),
+                      False, time.monotonic() - t0)

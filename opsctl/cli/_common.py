@@ -1,0 +1,23 @@
+"""Options shared by several commands, so they read and behave the same everywhere."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from opsctl.config import Inventory, load_inventory
+
+INVENTORY_HELP = ("Inventory directory (Ansible layout: hosts.yml, group_vars/, host_vars/). "
+                  "Default: $OPSCTL_INVENTORY, else inventories/lab.")
+
+InventoryOpt = typer.Option(None, "--inventory", "-i", envvar="OPSCTL_INVENTORY", help=INVENTORY_HELP,
+                            show_default=False)
+LimitOpt = typer.Option(None, "--limit", "-l", help="Act on this host or group only (comma-separated).")
+JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON on stdout (human text goes to stderr).")
+BudgetOpt = typer.Option(None, "--budget", "-b", help="DDTree node budget N (>= 1); the verify width is N + 1. "
+                         "Only for the ddtree profile.", show_default=False)
+
+
+def inventory(path: Optional[Path]) -> Inventory:
+    return load_inventory(path or Path("inventories/lab"))

@@ -1,0 +1,48 @@
+"""Printing for the CLI: rich for people, JSON for machines. Core modules never print."""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console(highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+@dataclass
+class _State:
+    json: bool = False
+
+
+STATE = _State()
+
+
+def set_json(enabled: bool) -> None:
+    STATE.json = enabled
+
+
+def error(message: str) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
+
+
+def info(message: str) -> None:
+    """Human progress/status; goes to stderr in --json mode so stdout stays parseable."""
+    (err_console if STATE.json else console).print(message, markup=False, highlight=False)
+
+
+def emit_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=None, sort_keys=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
+    t = Table(title=title, show_lines=False, header_style="bold")
+    for c in columns:
+        t.add_column(c, overflow="fold")
+    for r in rows:
+        t.add_row(*["" if v is None else str(v) for v in r])
+    (err_console if STATE.json else console).print(t)

@@ -1,0 +1,181 @@
+"""opsctl deploy / rollback / status / history."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from opsctl.cli import _common, _output
+from opsctl import deploy as core
+
+
+class _StepPrinter:
+    """One line per step with its elapsed time; ansible tasks indented under 'prepare'.
+    With --json every event is a JSON line on stdout."""
+
+    def __init__(self, json_mode: bool, verbose: bool = False):
+        self.json_mode, self.verbose = json_mode, verbose
+
+    def __call__(self, ev: dict) -> None:
+        if self.json_mode:
+            ev = {k: v for k, v in ev.items() if k != "plan"}
+            _output.emit_json(ev)
+            return
+        kind = ev.get("event")
+        if kind == "step":
+            if ev["status"] == "start":
+                _output.info(f"[{ev['host']}] {ev['step']:<10} ... {ev.get('detail', '')}".rstrip())
+            else:
+                mark = "ok  " if ev["status"] == "ok" else "FAIL"
+                _output.info(f"[{ev['host']}] {ev['step']:<10} {mark} {ev.get('elapsed_s', 0):6.1f}s  {ev.get('detail', '')}")
+        elif kind == "task" and (self.verbose or ev.get("status") in ("changed", "failed", "unreachable")):
+            _output.info(f"[{ev['host']}]   - {ev['task']}: {ev['status']} ({ev['elapsed_s']:.1f}s)"
+                         + (f" {ev['message']}" if ev.get("message") else ""))
+        elif kind == "note":
+            _output.info(f"[{ev['host']}]   {ev['message']}")
+        elif kind == "verdict":
+            _print_verdict(ev)
+        elif kind == "findings":
+            for f in ev.get("findings", []):
+                _output.info(f"[{ev['host']}]   {'ok  ' if f['ok'] else 'FAIL'} {f['check']}: {f.get('diagnosis', '')}"
+                             + (f" (fix: {f['fix']})" if not f["ok"] and f.get("fix") else ""))
+
+
+def _print_verdict(ev: dict) -> None:
+    rows = ev.get("rows") or []
+    if rows:
+        cols = list(rows[0].keys())
+        _output.table(f"{ev['host']}: verdict {ev.get('status', '').upper()}", cols, [[r.get(c) for c in cols] for r in rows])
+    for reason in ev.get("reasons", []):
+        _output.info(f"[{ev['host']}]   {reason}")
+
+
+def _print_plan(plan: dict) -> None:
+    _output.info(f"plan for {plan['host']}: {plan['profile']}" + (f" --budget {plan['budget']}" if plan.get("budget") else "")
+                 + f" (verify width {plan['verify_width']}) -> release {plan['release']}")
+    for c in plan["changes"]:
+        _output.info(f"  * {c}")
+    _output.info(f"  bytes to send: {plan['bytes_to_send']:,}")
+    if plan.get("unit_diff"):
+        _output.info("  unit diff:")
+        for line in plan["unit_diff"].splitlines():
+            _output.info(f"    {line}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("deploy")
+    def deploy_cmd(
+        profile: str = typer.Argument(..., help="Profile: ar-tp8, ar-ep8 (baselines), dflash, ddtree."),
+        budget: Optional[int] = _common.BudgetOpt,
+        inventory: Optional[Path] = _common.InventoryOpt,
+        limit: Optional[str] = _common.LimitOpt,
+        dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (changes, unit diff, bytes to send); change nothing."),
+        yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before changing the host."),
+        no_gate: bool = typer.Option(False, "--no-gate", help="Skip validation and the benchmark gate (recorded in the ledger)."),
+        skip_checks: bool = typer.Option(False, "--skip-checks", help="Skip the pre-deploy host checks."),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help="Show every ansible task, not only changes."),
+        json_out: bool = _common.JsonOpt,
+    ) -> None:
+        """Deploy PROFILE as a new release: plan, stage, switch, wait until ready, validate the
+        CUDA graphs, benchmark against the baseline, then promote or roll back automatically.
+
+        Hosts of the inventory are done one by one; the first failure stops the run.
+        Running the same deploy twice changes nothing the second time.
+
+        Examples:
+
+          opsctl deploy ar-tp8 -i inventories/lab --yes
+
+          opsctl deploy ddtree --budget 16 -i inventories/lab --dry-run
+
+          OPSCTL_INVENTORY=inventories/blackwell opsctl deploy ddtree --budget 16
+        """
+        _output.set_json(json_out)
+        printer = _StepPrinter(json_out, verbose)
+
+        def confirm(plan: core.Plan) -> bool:
+            if yes or json_out or not sys.stdin.isatty():
+                return True
+            _print_plan(plan.as_dict())
+            return typer.confirm(f"apply this to {plan.host.name}?", default=False)
+
+        outcomes = core.deploy(_common.inventory(inventory), profile, budget, limit=limit, dry_run=dry_run,
+                               gates=not no_gate, pre_checks=not skip_checks, progress=printer, confirm=confirm)
+        if json_out:
+            _output.emit_json({"ok": True, "outcomes": [o.as_dict() for o in outcomes]})
+            return
+        for o in outcomes:
+            if o.result == "dry-run":
+                _print_plan(o.plan)
+                _output.info("dry run: nothing was changed")
+            else:
+                _output.info(f"[{o.host}] {o.result}: {o.release}")
+
+    @app.command("rollback")
+    def rollback_cmd(
+        to: Optional[str] = typer.Option(None, "--to", help="RELEASE id, 'previous' (default: the last good release) or 'baseline'."),
+        inventory: Optional[Path] = _common.InventoryOpt,
+        limit: Optional[str] = _common.LimitOpt,
+        reason: str = typer.Option("manual rollback", "--reason", help="Why, for the ledger."),
+        json_out: bool = _common.JsonOpt,
+    ) -> None:
+        """Switch back to the previous good release (or the one named), wait until it is ready, record it.
+
+        Examples:
+
+          opsctl rollback -i inventories/lab
+
+          opsctl rollback --to baseline -i inventories/lab
+        """
+        _output.set_json(json_out)
+        recs = core.rollback(_common.inventory(inventory), to, limit=limit, reason=reason,
+                             progress=_StepPrinter(json_out))
+        if json_out:
+            _output.emit_json({"ok": True, "rollbacks": recs})
+        else:
+            for r in recs:
+                _output.info(f"[{r['host']}] rolled back {r.get('from_release')} -> {r['to_release']} "
+                             f"(ready in {r.get('ready_s')}s)")
+
+    @app.command("status")
+    def status_cmd(inventory: Optional[Path] = _common.InventoryOpt, limit: Optional[str] = _common.LimitOpt,
+                   json_out: bool = _common.JsonOpt) -> None:
+        """Show the live release, profile, budget, service state, since when, and the last gate verdict.
+
+        Example: opsctl status -i inventories/lab
+        """
+        _output.set_json(json_out)
+        rows = core.status(_common.inventory(inventory), limit=limit)
+        if json_out:
+            _output.emit_json(rows)
+            return
+        _output.table("status", ["host", "release", "profile", "budget", "service", "since", "restarts", "last verdict"],
+                      [[r["host"], r["release"] or "-", r["profile"] or "-", r["budget"] or "-",
+                        f"{r['service']}/{r['sub_state']}", r["since"] or "-", r["restarts"],
+                        (r["last_verdict"] or {}).get("status", "-")] for r in rows])
+        for r in rows:
+            if r["deploy_in_progress_or_interrupted"]:
+                _output.info(f"[{r['host']}] note: the last deploy has not finished (running now, or interrupted; "
+                             "the host's guard timer reverts an unconfirmed release)")
+
+    @app.command("history")
+    def history_cmd(inventory: Optional[Path] = _common.InventoryOpt, limit: Optional[str] = _common.LimitOpt,
+                    last: Optional[int] = typer.Option(None, "--last", "-n", help="Only the last N records."),
+                    json_out: bool = _common.JsonOpt) -> None:
+        """Print the host's ledger: every deploy, rollback and gate verdict, with who, when, from, to and why.
+
+        Example: opsctl history -i inventories/lab --last 10
+        """
+        _output.set_json(json_out)
+        recs = core.history(_common.inventory(inventory), limit=limit, last=last)
+        if json_out:
+            for r in recs:
+                _output.emit_json(r)
+            return
+        _output.table("history", ["when", "host", "action", "result", "from", "to", "who", "why"],
+                      [[r.get("ts"), r.get("host"), r.get("action"), r.get("result") or r.get("status"),
+                        r.get("from_release") or "-", r.get("to_release") or r.get("release") or "-",
+                        r.get("who"), (r.get("reason") or "")[:80]] for r in recs])

@@ -1,0 +1,52 @@
+"""opsctl render: show or write every file a deploy would install."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from opsctl.cli import _common, _output
+from opsctl.render import render as render_release
+from opsctl.writeout import write_rendered
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("render")
+    def render_cmd(
+        profile: str = typer.Argument(..., help="Profile: ar-tp8, ar-ep8, dflash, ddtree (or one the inventory defines)."),
+        budget: Optional[int] = _common.BudgetOpt,
+        inventory: Optional[Path] = _common.InventoryOpt,
+        limit: Optional[str] = _common.LimitOpt,
+        out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the files under DIR (host paths kept "
+                                           "relative) instead of printing them."),
+        json_out: bool = _common.JsonOpt,
+    ) -> None:
+        """Render the systemd unit, environment file and launch config for PROFILE, without touching any host.
+
+        Output is deterministic byte for byte. With --json, prints {host, profile, argv, files, links, digest}.
+
+        Example: opsctl render ddtree --budget 16 -i inventories/blackwell --out /tmp/render
+        """
+        _output.set_json(json_out)
+        inv = _common.inventory(inventory)
+        results = []
+        for host in inv.select(limit):
+            rendered = render_release(host, host.profile(profile, budget))
+            results.append(rendered)
+            if out is not None:
+                base = out / host.name if len(inv.select(limit)) > 1 else out
+                written = write_rendered(rendered, base)
+                if not json_out:
+                    for p in written:
+                        _output.info(f"wrote {p}")
+        if json_out:
+            data = [r.as_dict() for r in results]
+            _output.emit_json(data[0] if len(data) == 1 else data)
+        elif out is None:
+            for r in results:
+                for path, text in r.files.items():
+                    _output.console.rule(f"{r.host}: {path}")
+                    _output.console.out(text, end="", highlight=False)
+                _output.console.rule(f"{r.host}: argv")
+                _output.console.out(" ".join(r.argv), highlight=False)

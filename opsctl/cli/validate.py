@@ -1,0 +1,114 @@
+"""opsctl validate: prove the CUDA graphs were captured right, from a saved log or the live host."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from opsctl.cli import _common, _output
+from opsctl.errors import CheckFailed, ConfigError
+from opsctl.findings import Finding
+
+
+def _print_findings(findings: list[Finding], title: str) -> None:
+    rows = [["ok" if f.ok else "FAIL", f.check, f.diagnosis, "" if f.ok else f.fix] for f in findings]
+    _output.table(title, ["", "check", "diagnosis", "fix"], rows)
+
+
+def _finish(findings: list[Finding], title: str, json_out: bool) -> None:
+    ok = all(f.ok for f in findings)
+    if json_out:
+        _output.emit_json({"ok": ok, "findings": [f.model_dump() for f in findings]})
+    else:
+        _print_findings(findings, title)
+    if not ok:
+        failed = [f for f in findings if not f.ok]
+        if json_out:
+            # stdout already holds the findings object; keep the error handler from adding a second one
+            _output.set_json(False)
+        raise CheckFailed(f"validation failed: {len(failed)} of {len(findings)} checks ({failed[0].check}: "
+                          f"{failed[0].diagnosis})", failed[0].fix or None,
+                          details={"findings": [f.model_dump() for f in failed]})
+
+
+def _offline(from_file: Path, profile_name: Optional[str], budget: Optional[int],
+             max_concurrency: Optional[int], only: Optional[str], json_out: bool) -> None:
+    from opsctl import journal
+    from opsctl.config import resolve_profile
+    from opsctl.validate import validate, validate_decode, validate_startup
+
+    if profile_name is None:
+        raise ConfigError("--from-file needs --profile (and --budget N for ddtree)",
+                          "e.g. opsctl validate --from-file journal.txt --profile ddtree --budget 16")
+    if not from_file.is_file():
+        raise ConfigError(f"--from-file {from_file}: no such file",
+                          "save the journal first: journalctl -u UNIT --since '<release start>' > FILE "
+                          "(or -o json)")
+    overrides = {profile_name: {"max_concurrency": max_concurrency}} if max_concurrency else None
+    profile = resolve_profile(profile_name, budget, overrides=overrides)
+    parsed = journal.load_file(from_file)
+    if not parsed.lines:
+        raise ConfigError(f"{from_file} holds no log lines", "pass a saved journal or an SGLang log excerpt")
+    if only == "startup":
+        findings = validate_startup(parsed, profile)
+    elif only == "decode":
+        findings = validate_decode(parsed, profile, require=True)
+    else:
+        # a saved log may stop before any load: decode lines are checked when present
+        findings = validate(parsed, profile, require_decode=False)
+    _finish(findings, f"{from_file.name}: {getattr(profile, 'label', profile.name)}", json_out)
+
+
+def _live(inventory: Optional[Path], limit: Optional[str], json_out: bool) -> None:
+    # --- live mode: the deploy module reads the journal of the live release ------------------
+    try:
+        from opsctl.deploy import validate_live
+    except ImportError:
+        raise ConfigError("live validation needs the deploy module (opsctl.deploy.validate_live), "
+                          "which this build lacks",
+                          "validate a saved journal instead: opsctl validate --from-file LOG --profile P") from None
+    findings = validate_live(inventory or Path("inventories/lab"), limit)
+    _finish(list(findings), "live release", json_out)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("validate")
+    def validate_cmd(
+        from_file: Optional[Path] = typer.Option(None, "--from-file", "-f", help="Saved journal or SGLang log "
+                                                 "excerpt: journalctl text, 'journalctl -o json' export, or raw "
+                                                 "SGLang output. Without it, validates the live release."),
+        profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Profile the log was served with "
+                                              "(offline mode): ar-tp8, ar-ep8, dflash, ddtree."),
+        budget: Optional[int] = _common.BudgetOpt,
+        max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", min=1, help="Concurrency the "
+                                                      "graphs must cover (default: the profile's)."),
+        only: Optional[str] = typer.Option(None, "--only", help="Run only the 'startup' or the 'decode' checks "
+                                           "(offline mode)."),
+        inventory: Optional[Path] = _common.InventoryOpt,
+        limit: Optional[str] = _common.LimitOpt,
+        json_out: bool = _common.JsonOpt,
+    ) -> None:
+        """Check SGLang's journal: graphs captured on every rank with the profile's verify width and
+        batch sizes, no capture failure/OOM/restart, decode lines on CUDA graphs with the right
+        draft tokens per round.
+
+        Exit 0 when every check passes, 6 when one fails. With --json, prints {ok, findings}.
+
+        Examples:
+
+          opsctl validate --from-file journal.txt --profile ddtree --budget 16
+
+          opsctl validate -i inventories/lab
+        """
+        _output.set_json(json_out)
+        if only not in (None, "startup", "decode"):
+            raise ConfigError(f"--only {only!r} is not a check group", "use --only startup or --only decode")
+        if from_file is not None:
+            _offline(from_file, profile, budget, max_concurrency, only, json_out)
+            return
+        if profile is not None or budget is not None or only is not None or max_concurrency is not None:
+            raise ConfigError("--profile/--budget/--max-concurrency/--only apply to --from-file only; live "
+                              "validation reads the profile from the live release",
+                              "add --from-file LOG, or drop those options")
+        _live(inventory, limit, json_out)

@@ -1,0 +1,586 @@
+"""The deploy workflow, top to bottom:
+
+    plan -> pre-checks -> lock -> stage (drafter sync + prepare playbook) -> guard ->
+    switch -> ready -> validate -> bench -> judge -> promote | rollback
+
+Nothing on the host changes before `stage`, and nothing live changes before
+`switch`: a deploy interrupted earlier leaves the host serving what it served. From
+`switch` on, a guard timer on the host puts the previous release back unless the
+deploy is confirmed (promoted or rolled back) in time, so a controller that dies
+mid-gate cannot leave an unjudged release serving.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import shlex
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from opsctl import __version__
+from opsctl.artifacts import (DrafterManifest, SyncResult, drafter_manifest, plan_drafter, runtime_wheel,
+                              sha256_file, sync_drafter)
+from opsctl.config import HostConfig, Inventory, Profile, load_inventory
+from opsctl.errors import CheckFailed, ConfigError, DeployFailed, HostError, OpsctlError
+from opsctl.hosts import Connection, connect
+from opsctl.playbook import PlayResult, PlayStep, run_playbook
+from opsctl.releases import HostLock, HostState, ReleaseInfo, append_ledger, now_iso, read_state, release_id, who
+from opsctl.render import Rendered, env_python, render
+
+Progress = Callable[[dict], None]
+
+
+def _noop(_: dict) -> None:
+    pass
+
+
+class Steps:
+    """Emits one progress event per step with elapsed time (the CLI prints them)."""
+
+    def __init__(self, progress: Progress | None, host: str):
+        self.progress = progress or _noop
+        self.host = host
+
+    def start(self, step: str, detail: str = "") -> float:
+        self.progress({"event": "step", "host": self.host, "step": step, "status": "start", "detail": detail})
+        return time.monotonic()
+
+    def done(self, step: str, t0: float, detail: str = "", status: str = "ok", **extra: Any) -> None:
+        self.progress({"event": "step", "host": self.host, "step": step, "status": status,
+                       "elapsed_s": round(time.monotonic() - t0, 2), "detail": detail, **extra})
+
+    def task(self, step: PlayStep) -> None:
+        self.progress({"event": "task", "host": self.host, **step.as_dict()})
+
+    def note(self, message: str) -> None:
+        self.progress({"event": "note", "host": self.host, "message": message})
+
+
+# --------------------------------------------------------------------------- plan
+
+
+@dataclass
+class Plan:
+    host: HostConfig
+    profile: Profile
+    rendered: Rendered
+    release: str
+    state: HostState
+    runtime_wheel: Path | None
+    runtime_sha: str | None
+    drafter: DrafterManifest | None
+    drafter_plan: dict | None
+    unit_diff: str
+    changes: list[str] = field(default_factory=list)
+    bytes_to_send: int = 0
+
+    @property
+    def previous(self) -> str | None:
+        return self.state.current
+
+    @property
+    def release_exists(self) -> bool:
+        return self.release in self.state.releases
+
+    @property
+    def is_live(self) -> bool:
+        return self.state.current == self.release and self.state.service.get("ActiveState") == "active"
+
+    def manifest(self) -> dict:
+        return {
+            "id": self.release, "profile": self.profile.model_dump(mode="json"),
+            "verify_width": self.profile.verify_width, "rendered_digest": self.rendered.digest(),
+            "files": {n: _sha(t) for n, t in sorted(self.rendered.release_files.items())},
+            "runtime_wheel": ({"name": self.runtime_wheel.name, "sha256": self.runtime_sha}
+                              if self.runtime_wheel else None),
+            "drafter": ({"digest": self.drafter.digest, "bytes": self.drafter.total_bytes} if self.drafter else None),
+            "created_at": now_iso(), "created_by": who(), "opsctl_version": __version__,
+        }
+
+    def as_dict(self) -> dict:
+        return {"host": self.host.name, "profile": self.profile.name, "budget": self.profile.budget,
+                "verify_width": self.profile.verify_width, "release": self.release,
+                "current": self.state.current, "release_exists": self.release_exists, "live": self.is_live,
+                "changes": self.changes, "unit_diff": self.unit_diff, "bytes_to_send": self.bytes_to_send,
+                "drafter": self.drafter_plan, "argv": self.rendered.argv}
+
+
+def _sha(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def make_plan(conn: Connection, host: HostConfig, profile: Profile) -> Plan:
+    """Work out what a deploy would change. Reads the host, writes nothing."""
+    rendered = render(host, profile)
+    wheel = runtime_wheel(host) if profile.kind == "ddtree" else None
+    wheel_sha = sha256_file(wheel) if wheel else None
+    manifest = drafter_manifest(host.drafter.source) if profile.speculative else None
+    rid = release_id(profile.slug, rendered.digest(), wheel_sha, manifest.digest if manifest else None)
+    state = read_state(conn, host)
+    current_unit = ""
+    if state.current:
+        current_unit = conn.run(f"cat {host.install_root}/current/{host.unit_name} 2>/dev/null", check=False).stdout
+    new_unit = rendered.release_files[host.unit_name]
+    diff = "".join(difflib.unified_diff(current_unit.splitlines(True), new_unit.splitlines(True),
+                                        fromfile=f"live ({state.current or 'none'})", tofile=f"new ({rid})"))
+    dplan = plan_drafter(conn, host, manifest) if manifest else None
+    plan = Plan(host, profile, rendered, rid, state, wheel, wheel_sha, manifest, dplan, diff)
+    env_ready = conn.run(f"test -f {env_python(host).parent.parent}/.opsctl-complete", check=False).ok
+    changes: list[str] = []
+    send = 0
+    if not env_ready:
+        wh = host.runtime.wheelhouse
+        if not wh.is_dir() or not any(wh.glob("*.whl")):
+            raise ConfigError(f"wheelhouse {wh} has no wheels, and {host.name} has no base environment "
+                              f"for SGLang {host.runtime.sglang_version} yet",
+                              "point opsctl.runtime.wheelhouse at a directory of wheels (pip download ...)"
+                              + ("; for the lab run 'opsctl lab up'" if "opsctl-lab" in str(wh) else ""))
+        wh_bytes = sum(p.stat().st_size for p in wh.iterdir() if p.is_file())
+        changes.append(f"create base environment sglang-{host.runtime.sglang_version} "
+                       f"from {len(list(wh.glob('*.whl')))} wheels ({wh_bytes / 2**20:.1f} MiB)")
+        send += wh_bytes
+    if plan.release_exists:
+        if state.current == rid:
+            changes.append(f"release {rid} is already live" + ("" if plan.is_live else
+                           f" but the service is {state.service.get('ActiveState', 'unknown')}: restart it"))
+        else:
+            changes.append(f"release {rid} is already staged: switch to it")
+    else:
+        changes.append(f"stage release {rid}: {', '.join(sorted(rendered.release_files))}"
+                       + (f", runtime {wheel.name}" if wheel else ""))
+        send += sum(len(t.encode()) for t in rendered.release_files.values()) + (wheel.stat().st_size if wheel else 0)
+    if dplan is not None:
+        if dplan["present"]:
+            changes.append(f"drafter {manifest.digest[:12]} already on the host (0 bytes)")
+        else:
+            changes.append(f"drafter {manifest.digest[:12]}: send {len(dplan['send'])} file(s) "
+                           f"({dplan['bytes_to_send'] / 2**20:.1f} MiB), reuse {len(dplan['link'])}")
+            send += dplan["bytes_to_send"]
+    if not plan.is_live:
+        changes.append(f"switch current: {state.current or 'none'} -> {rid}; restart {host.unit_name}")
+    plan.changes = changes
+    plan.bytes_to_send = send
+    return plan
+
+
+# --------------------------------------------------------------------------- stage / switch / ready
+
+
+def stage(conn: Connection, inv: Inventory, plan: Plan, steps: Steps) -> tuple[PlayResult, SyncResult | None]:
+    host = plan.host
+    sync = None
+    if plan.drafter is not None:
+        t0 = steps.start("drafter", f"{plan.drafter.total_bytes / 2**20:.1f} MiB")
+        sync = sync_drafter(conn, host, host.drafter.source, plan.drafter, progress=steps.note)
+        steps.done("drafter", t0, f"{sync.bytes_sent} bytes sent, {sync.files_sent} file(s) sent, "
+                   f"{sync.files_linked} reused", bytes_sent=sync.bytes_sent)
+    with tempfile.TemporaryDirectory(prefix="opsctl-stage-") as tmp:
+        stage_dir = Path(tmp) / "release"
+        stage_dir.mkdir()
+        for name, text in plan.rendered.release_files.items():
+            (stage_dir / name).write_text(text)
+        existing = plan.state.releases.get(plan.release)
+        manifest = existing.manifest if existing else plan.manifest()
+        (stage_dir / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        s = host.settings
+        extravars = {
+            "opsctl_root": str(host.install_root), "opsctl_release_id": plan.release,
+            "opsctl_stage_local": str(stage_dir), "opsctl_env_dir": str(env_python(host).parent.parent),
+            "opsctl_sglang_version": host.runtime.sglang_version,
+            "opsctl_wheelhouse": str(host.runtime.wheelhouse), "opsctl_base_requirements": list(host.runtime.base_requirements),
+            "opsctl_host_python": str(host.host_python), "opsctl_service_user": s.service_user or "",
+            "opsctl_runtime_wheel": str(plan.runtime_wheel) if plan.runtime_wheel else "",
+            "opsctl_drafter_digest": plan.drafter.digest if plan.drafter else "",
+            "opsctl_secrets_file": str(s.secrets_file) if s.secrets_file and s.secrets_file.is_file() else "",
+        }
+        t0 = steps.start("prepare", "ansible playbook prepare.yml")
+        play = run_playbook(inv, host, "prepare.yml", extravars, progress=steps.task)
+        steps.done("prepare", t0, f"changed={play.changed} ok={play.ok}", changed=play.changed)
+    return play, sync
+
+
+def host_epoch(conn: Connection) -> int:
+    return int(conn.run("date +%s").stdout.strip())
+
+
+def guard_unit(host: HostConfig) -> str:
+    return f"opsctl-guard-{host.service_name}"
+
+
+def arm_guard(conn: Connection, host: HostConfig, previous: str, seconds: int) -> None:
+    """A transient timer on the host that switches back to `previous` unless disarmed."""
+    unit = guard_unit(host)
+    conn.run(f"systemctl stop {unit}.timer {unit}.service >/dev/null 2>&1; systemctl reset-failed {unit}.timer "
+             f"{unit}.service >/dev/null 2>&1; systemd-run --quiet --unit {unit} --on-active={seconds}s "
+             f"--timer-property=AccuracySec=1s {host.install_root}/bin/opsctl-switch {host.install_root} "
+             f"{host.service_name} {shlex.quote(previous)} guard-timeout", check=True)
+
+
+def disarm_guard(conn: Connection, host: HostConfig) -> None:
+    unit = guard_unit(host)
+    conn.run(f"systemctl stop {unit}.timer {unit}.service >/dev/null 2>&1; "
+             f"systemctl reset-failed {unit}.timer {unit}.service >/dev/null 2>&1; true", check=False)
+
+
+def switch(conn: Connection, host: HostConfig, release: str) -> int:
+    """Flip current to `release` and restart; returns the host's epoch just before."""
+    since = host_epoch(conn)
+    conn.run(f"{host.install_root}/bin/opsctl-switch {host.install_root} {host.service_name} {shlex.quote(release)}")
+    return since
+
+
+def stop_service(conn: Connection, host: HostConfig) -> None:
+    """The host served nothing before this deploy: leave it that way."""
+    conn.run(f"systemctl disable --now {host.unit_name} >/dev/null 2>&1; rm -f /etc/systemd/system/{host.unit_name} "
+             f"{host.install_root}/current; systemctl daemon-reload; systemctl reset-failed {host.unit_name} "
+             f">/dev/null 2>&1; true", check=False)
+
+
+READY_LINE = "The server is fired up and ready to roll!"
+
+
+def _probe_script(host: HostConfig, since: int) -> str:
+    unit = host.unit_name
+    url = f"http://127.0.0.1:{host.http_port}/health_generate"
+    py = ("import sys,urllib.request\n"
+          "try:\n"
+          f"    print(urllib.request.urlopen({url!r}, timeout=25).status)\n"
+          "except urllib.error.HTTPError as e:\n    print(e.code)\n"
+          "except Exception:\n    print(0)\n")
+    return (f"systemctl show {unit} -p ActiveState -p SubState -p NRestarts -p MainPID -p Result --value | tr '\\n' ' '; "
+            f"echo; journalctl -u {unit} --since @{since} -o cat --no-pager 2>/dev/null | "
+            f"grep -c -e {shlex.quote(READY_LINE)} -e 'Capture cuda graph failed' -e 'Traceback' | tr -d '\\n'; echo; "
+            f"journalctl -u {unit} --since @{since} -o cat --no-pager 2>/dev/null | "
+            f"grep -m1 -e 'Capture cuda graph failed' -e 'Error' -e 'error:' | cut -c1-300; echo; "
+            f"journalctl -u {unit} --since @{since} -o cat --no-pager 2>/dev/null | grep -c -F {shlex.quote(READY_LINE)}; "
+            f"{host.host_python} -c {shlex.quote(py)}")
+
+
+@dataclass
+class Ready:
+    seconds: float
+    main_pid: str
+
+
+def wait_ready(conn: Connection, host: HostConfig, profile: Profile, since: int, steps: Steps) -> Ready:
+    """Ready = the ready line in this start's journal and a 200 from /health_generate.
+    A unit that fails, restarts or changes PID while we wait is a failed start."""
+    t0 = steps.start("ready", f"waiting up to {profile.readiness_timeout_s}s for the ready line and /health_generate")
+    deadline = time.monotonic() + profile.readiness_timeout_s
+    first_pid = None
+    last = ""
+    while True:
+        res = conn.run(_probe_script(host, since), check=False, timeout=60)
+        lines = res.stdout.splitlines() + [""] * 5
+        fields = lines[0].split()
+        active, sub, restarts, pid = (fields + ["", "", "0", "0"])[:4]
+        error_line = lines[2].strip()
+        ready_lines = int(lines[3].strip() or 0) if lines[3].strip().isdigit() else 0
+        code = lines[4].strip()
+        if pid not in ("", "0"):
+            if first_pid is None:
+                first_pid = pid
+            elif pid != first_pid:
+                raise _start_failed(host, f"the server restarted during startup (PID {first_pid} -> {pid})"
+                                    + (f": {error_line}" if error_line else ""), steps, t0)
+        if restarts.isdigit() and int(restarts) > 0:
+            raise _start_failed(host, f"the unit restarted {restarts} time(s) during startup"
+                                + (f": {error_line}" if error_line else ""), steps, t0)
+        if active == "failed" or (active == "inactive" and first_pid is not None) or \
+                (first_pid is not None and pid in ("", "0") and active != "activating"):
+            raise _start_failed(host, f"the server exited during startup ({active}/{sub})"
+                                + (f": {error_line}" if error_line else ""), steps, t0)
+        if ready_lines > 0 and code == "200":
+            steps.done("ready", t0, f"ready in {time.monotonic() - t0:.1f}s (pid {pid})")
+            return Ready(time.monotonic() - t0, pid)
+        last = f"{active}/{sub}, ready line {'seen' if ready_lines else 'not seen'}, /health_generate {code or '-'}"
+        if time.monotonic() > deadline:
+            raise _start_failed(host, f"not ready after {profile.readiness_timeout_s}s ({last})", steps, t0)
+        time.sleep(1.0)
+
+
+def _start_failed(host: HostConfig, reason: str, steps: Steps, t0: float) -> DeployFailed:
+    steps.done("ready", t0, reason, status="fail")
+    return DeployFailed(f"{host.name}: start failed: {reason}", "see 'journalctl -u " + host.unit_name + "' on the host")
+
+
+# --------------------------------------------------------------------------- gates (validation, bench)
+
+
+@dataclass
+class GateOutcome:
+    ok: bool
+    reason: str
+    record: dict = field(default_factory=dict)
+
+
+def run_validation(conn: Connection, host: HostConfig, profile: Profile, since: int, steps: Steps) -> GateOutcome:
+    from opsctl import gating
+
+    return gating.validate_release(conn, host, profile, since, steps)
+
+
+def run_bench_gate(conn: Connection, host: HostConfig, profile: Profile, plan: Plan, steps: Steps) -> GateOutcome:
+    from opsctl import gating
+
+    return gating.bench_and_judge(conn, host, profile, plan.release, steps)
+
+
+# --------------------------------------------------------------------------- deploy
+
+
+@dataclass
+class DeployOutcome:
+    host: str
+    release: str
+    result: str  # promoted | unchanged | rolled-back | dry-run
+    plan: dict
+    details: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"host": self.host, "release": self.release, "result": self.result, "plan": self.plan, **self.details}
+
+
+def deploy(inventory: str | Path | Inventory, profile_name: str, budget: int | None = None, *,
+           limit: str | None = None, dry_run: bool = False, gates: bool = True, pre_checks: bool = True,
+           progress: Progress | None = None, confirm: Callable[[Plan], bool] | None = None) -> list[DeployOutcome]:
+    """Deploy PROFILE to each selected host, host by host, stopping at the first failure."""
+    inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
+    hosts = inv.select(limit)
+    profiles = {h.name: h.profile(profile_name, budget) for h in hosts}  # all bad input before any host I/O
+    outcomes = []
+    for host in hosts:
+        outcomes.append(_deploy_one(inv, host, profiles[host.name], dry_run=dry_run, gates=gates,
+                                    pre_checks=pre_checks, progress=progress, confirm=confirm))
+    return outcomes
+
+
+def _deploy_one(inv: Inventory, host: HostConfig, profile: Profile, *, dry_run: bool, gates: bool, pre_checks: bool,
+                progress: Progress | None, confirm: Callable[[Plan], bool] | None) -> DeployOutcome:
+    steps = Steps(progress, host.name)
+    conn = connect(host)
+    try:
+        t0 = steps.start("plan", f"{profile.label} on {host.name}")
+        plan = make_plan(conn, host, profile)
+        if gates and profile.speculative and not dry_run:
+            from opsctl import gating
+
+            gating.require_baseline(conn, host)
+        steps.done("plan", t0, f"release {plan.release}", plan=plan.as_dict())
+        if dry_run:
+            return DeployOutcome(host.name, plan.release, "dry-run", plan.as_dict())
+        if pre_checks:
+            from opsctl import gating
+
+            t0 = steps.start("pre-checks", "host checks before touching the host")
+            gating.pre_checks(inv, host, steps, t0)
+        if confirm is not None and not confirm(plan):
+            raise ConfigError("deploy not confirmed", "re-run with --yes to skip the question")
+        with HostLock(conn, host, f"deploy {profile.label}"):
+            # the state may have moved while we planned; plan again under the lock
+            plan = make_plan(conn, host, profile)
+            return _apply(conn, inv, host, profile, plan, steps, gates)
+    finally:
+        conn.close()
+
+
+def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile, plan: Plan, steps: Steps,
+           gates: bool) -> DeployOutcome:
+    play, sync = stage(conn, inv, plan, steps)
+    details = {"ansible_changed": play.changed, "drafter_bytes_sent": sync.bytes_sent if sync else 0}
+    if plan.is_live:
+        append_ledger(conn, host, {"action": "deploy", "result": "unchanged", "from_release": plan.release,
+                                   "to_release": plan.release, "profile": profile.name, "budget": profile.budget,
+                                   "reason": "already live", "ansible_changed": play.changed,
+                                   "drafter_bytes_sent": details["drafter_bytes_sent"]})
+        return DeployOutcome(host.name, plan.release, "unchanged", plan.as_dict(), details)
+    previous = plan.previous
+    append_ledger(conn, host, {"action": "deploy", "result": "started", "from_release": previous,
+                               "to_release": plan.release, "profile": profile.name, "budget": profile.budget})
+    if previous and previous != plan.release:
+        arm_guard(conn, host, previous, profile.readiness_timeout_s + 1800)
+    t0 = steps.start("switch", f"{previous or 'none'} -> {plan.release}")
+    since = switch(conn, host, plan.release)
+    steps.done("switch", t0, f"current -> {plan.release}")
+    try:
+        ready = wait_ready(conn, host, profile, since, steps)
+        details["ready_s"] = round(ready.seconds, 2)
+        if gates:
+            outcome = run_validation(conn, host, profile, since, steps)
+            details["validation"] = outcome.record
+            if not outcome.ok:
+                raise DeployFailed(f"{host.name}: validation failed: {outcome.reason}", "see the findings above",
+                                   details={"findings": outcome.record.get("findings")})
+            outcome = run_bench_gate(conn, host, profile, plan, steps)
+            details["verdict"] = outcome.record
+            if not outcome.ok:
+                raise DeployFailed(f"{host.name}: gate failed: {outcome.reason}", "see the verdict table above",
+                                   details={"verdict": outcome.record})
+    except (DeployFailed, HostError, CheckFailed) as exc:
+        reason = exc.problem
+        back = _roll_back_after_failure(conn, host, plan, previous, reason, exc, steps)
+        raise DeployFailed(f"{reason}; {back}", exc.fix, details={**exc.details, **details}) from None
+    except BaseException:
+        # interrupted (Ctrl-C) after the switch: put the old release back before leaving
+        _roll_back_after_failure(conn, host, plan, previous, "interrupted", None, steps)
+        raise
+    disarm_guard(conn, host)
+    append_ledger(conn, host, {"action": "promote", "result": "ok", "from_release": previous,
+                               "to_release": plan.release, "profile": profile.name, "budget": profile.budget,
+                               "reason": "gates passed" if gates else "gates skipped (--no-gate)",
+                               **{k: v for k, v in details.items() if k in ("ready_s", "drafter_bytes_sent")}})
+    prune(conn, host)
+    return DeployOutcome(host.name, plan.release, "promoted", plan.as_dict(), details)
+
+
+def _roll_back_after_failure(conn: Connection, host: HostConfig, plan: Plan, previous: str | None, reason: str,
+                             exc: OpsctlError | None, steps: Steps) -> str:
+    t0 = steps.start("rollback", f"back to {previous or 'nothing (no earlier release)'}")
+    disarm_guard(conn, host)
+    record: dict[str, Any] = {"action": "rollback", "from_release": plan.release, "to_release": previous,
+                              "profile": plan.profile.name, "budget": plan.profile.budget, "reason": reason,
+                              "automatic": True}
+    if exc is not None and exc.details:
+        record["details"] = exc.details
+    if not previous or previous == plan.release:
+        stop_service(conn, host)
+        append_ledger(conn, host, {**record, "result": "ok", "to_release": None})
+        steps.done("rollback", t0, "service stopped: nothing was serving before this deploy")
+        return "the service was stopped (nothing served before this deploy)"
+    since = switch(conn, host, previous)
+    prev_profile = _release_profile(plan.state.releases.get(previous), host)
+    try:
+        wait_ready(conn, host, prev_profile, since, steps)
+    except DeployFailed as again:
+        append_ledger(conn, host, {**record, "result": "failed", "error": again.problem})
+        steps.done("rollback", t0, f"rolled back to {previous} but it did not become ready", status="fail")
+        return f"rolled back to {previous}, which did NOT become ready: {again.problem}"
+    append_ledger(conn, host, {**record, "result": "ok"})
+    steps.done("rollback", t0, f"{previous} serves again")
+    return f"rolled back to {previous}"
+
+
+def _release_profile(info: ReleaseInfo | None, host: HostConfig) -> Profile:
+    if info is None:
+        return host.profile(host.baseline_profile)
+    data = info.manifest.get("profile", {})
+    try:
+        return Profile(**data)
+    except Exception:  # noqa: BLE001 - an older manifest: fall back to the inventory's profile
+        return host.profile(info.profile, info.budget)
+
+
+def prune(conn: Connection, host: HostConfig) -> list[str]:
+    """Keep the newest `keep_releases`; never current, the last good one or the baseline."""
+    state = read_state(conn, host)
+    keep = {state.current, state.last_good(exclude=state.current), state.baseline(host.baseline_profile)}
+    ordered = sorted(state.releases.values(), key=lambda r: r.created_at, reverse=True)
+    doomed = [r.id for r in ordered[host.settings.keep_releases:] if r.id not in keep]
+    if doomed:
+        conn.run(" && ".join(f"rm -rf {host.install_root}/releases/{shlex.quote(r)}" for r in doomed))
+    return doomed
+
+
+# --------------------------------------------------------------------------- rollback
+
+
+def rollback(inventory: str | Path | Inventory, to: str | None = None, *, limit: str | None = None,
+             reason: str = "manual rollback", progress: Progress | None = None) -> list[dict]:
+    inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
+    results = []
+    for host in inv.select(limit):
+        steps = Steps(progress, host.name)
+        conn = connect(host)
+        try:
+            with HostLock(conn, host, "rollback"):
+                state = read_state(conn, host)
+                target = _rollback_target(host, state, to)
+                info = state.releases[target]
+                disarm_guard(conn, host)
+                t0 = steps.start("switch", f"{state.current or 'none'} -> {target}")
+                since = switch(conn, host, target)
+                steps.done("switch", t0, f"current -> {target}")
+                try:
+                    ready = wait_ready(conn, host, _release_profile(info, host), since, steps)
+                except DeployFailed as exc:
+                    append_ledger(conn, host, {"action": "rollback", "result": "failed", "from_release": state.current,
+                                               "to_release": target, "reason": reason, "error": exc.problem})
+                    raise
+                rec = append_ledger(conn, host, {"action": "rollback", "result": "ok", "from_release": state.current,
+                                                 "to_release": target, "profile": info.profile, "budget": info.budget,
+                                                 "reason": reason, "ready_s": round(ready.seconds, 2)})
+                results.append(rec)
+        finally:
+            conn.close()
+    return results
+
+
+def _rollback_target(host: HostConfig, state: HostState, to: str | None) -> str:
+    if to in (None, "previous"):
+        target = state.last_good(exclude=state.current)
+        if target is None:
+            raise ConfigError(f"nothing to roll back to on {host.name}: no earlier good release is on the host",
+                              "deploy the baseline with 'opsctl deploy " + host.baseline_profile + "'")
+        return target
+    if to == "baseline":
+        target = state.baseline(host.baseline_profile)
+        if target is None:
+            raise ConfigError(f"no {host.baseline_profile} (baseline) release on {host.name}",
+                              f"deploy it with 'opsctl deploy {host.baseline_profile}'")
+        if target == state.current:
+            raise ConfigError(f"the baseline release {target} is already live on {host.name}", "nothing to do")
+        return target
+    if to not in state.releases:
+        known = ", ".join(sorted(state.releases)) or "none"
+        raise ConfigError(f"release {to!r} is not on {host.name}", f"pick one of: {known} (see 'opsctl history')")
+    if to == state.current:
+        raise ConfigError(f"release {to} is already live on {host.name}", "nothing to do")
+    return to
+
+
+# --------------------------------------------------------------------------- status / history
+
+
+def status(inventory: str | Path | Inventory, *, limit: str | None = None) -> list[dict]:
+    inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
+    out = []
+    for host in inv.select(limit):
+        conn = connect(host)
+        try:
+            state = read_state(conn, host)
+        finally:
+            conn.close()
+        cur = state.current_release
+        verdict = state.last_verdict()
+        pending = bool(state.ledger) and state.ledger[-1].get("action") == "deploy" \
+            and state.ledger[-1].get("result") == "started"
+        out.append({
+            "host": host.name, "release": state.current, "profile": cur.profile if cur else None,
+            "budget": cur.budget if cur else None, "verify_width": cur.manifest.get("verify_width") if cur else None,
+            "service": state.service.get("ActiveState"), "sub_state": state.service.get("SubState"),
+            "since": state.service.get("ActiveEnterTimestamp"), "restarts": state.service.get("NRestarts"),
+            "last_verdict": ({"status": verdict.get("status"), "ts": verdict.get("ts"), "release": verdict.get("release")}
+                             if verdict else None),
+            "deploy_in_progress_or_interrupted": pending,
+            "releases": sorted(state.releases), "baseline": state.baseline(host.baseline_profile),
+        })
+    return out
+
+
+def history(inventory: str | Path | Inventory, *, limit: str | None = None, last: int | None = None) -> list[dict]:
+    inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
+    out = []
+    for host in inv.select(limit):
+        conn = connect(host)
+        try:
+            state = read_state(conn, host)
+        finally:
+            conn.close()
+        recs = state.ledger[-last:] if last else state.ledger
+        out.extend(recs)
+    return out

@@ -1,0 +1,313 @@
+"""Release gate: judge a candidate's bench against the host's baseline.
+
+Pure functions over `BenchRun`s (no I/O). `judge()` compares the medians over
+repeats per concurrency level and returns a `Verdict` of pass / marginal / fail
+with a per-level table and one line per reason. As in Kayenta's canary judge,
+a result that misses a throughput threshold by less than `marginal_band` is
+*marginal*: the caller re-measures once (`next_action`, `judge_with_remeasure`)
+and fails the release if it is still marginal.
+
+At the site, DDTree at budget 32 ran at ~50 tok/s at C=1 against the
+autoregressive TP8 baseline's ~98 (-49%) with accept length 1.5-1.65: this gate
+fails it on the C=1 speedup, on the regression limit and on the accept-length
+floor, each with its own reason.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from opsctl.bench.results import BenchLevel, BenchRun
+from opsctl.errors import ConfigError
+from opsctl.findings import Finding
+
+Status = Literal["pass", "marginal", "fail"]
+_RANK = {"pass": 0, "marginal": 1, "fail": 2}
+
+
+class GatePolicy(BaseModel):
+    """What a release must show against the baseline. Each inventory may override
+    any field under `opsctl.gate:`.
+
+    `concurrency` is the smoke bench's levels: small defaults (1, 4, 16) keep the
+    bench inside a deploy short (about a minute on the site's host). List the
+    site's target concurrency there too (e.g. `[1, 4, 16, 128]` when the host
+    serves 128 concurrent streams): a speculative release can win at C=1 and lose
+    at the load the site runs (DDTree budget 32 verifies 128 x 33 = 4,224 tokens
+    per step at C=128). The baseline must have been benched at the same levels.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    # --- the smoke bench
+    concurrency: list[int] = Field(default_factory=lambda: [1, 4, 16])
+    input_len: int = Field(128, ge=1)
+    output_len: int = Field(128, ge=1)
+    requests_per_level: int = Field(16, ge=1, description="at least C requests run per level")
+    repeats: int = Field(3, ge=1, le=20, description="repeats per level; medians are compared")
+    warmup: int = Field(4, ge=0)
+    seed: int = 0
+    # --- throughput thresholds (fractions: 0.05 = 5%)
+    speedup_concurrency: int = Field(1, ge=1, description="the level where the release must beat the baseline")
+    min_speedup: float = Field(0.05, description="output tok/s at speedup_concurrency >= baseline x (1 + this)")
+    max_regression: float = Field(0.10, ge=0, description="no level below baseline x (1 - this)")
+    marginal_band: float = Field(0.03, ge=0, description="missing a threshold by less than this is marginal")
+    max_spread: float = Field(0.15, ge=0, description="repeats spreading more ((max-min)/median) cap a level at marginal")
+    # --- correctness and health
+    max_errors: int = Field(0, ge=0, description="failed requests allowed over all repeats of a level")
+    accept_length_floor: dict[str, float] = Field(
+        default_factory=lambda: {"ddtree": 2.0, "dflash": 2.0, "eagle": 1.5, "eagle3": 1.5},
+        description="per profile kind; the site's collapse was 1.51-1.65 (4.48 expected at budget 8)")
+    require_accept_length: bool = Field(True, description="a kind with a floor must report an accept length")
+    require_canary: bool = True
+    canary_exempt_kinds: list[str] = Field(
+        default_factory=lambda: ["autoregressive", "ar"],
+        description="kinds whose greedy output may differ (e.g. ar-ep8 vs ar-tp8 reduce in another order)")
+    canary_prompts: int = Field(8, ge=1)
+    canary_input_len: int = Field(64, ge=1)
+    canary_output_len: int = Field(32, ge=1)
+
+    def requests_for(self, concurrency: int) -> int:
+        return max(self.requests_per_level, concurrency)
+
+    def floor_for(self, profile_kind: str) -> float | None:
+        return _lookup(self.accept_length_floor, profile_kind)
+
+    def canary_required(self, profile_kind: str) -> bool:
+        return self.require_canary and _lookup({k: True for k in self.canary_exempt_kinds}, profile_kind) is None
+
+    def loadgen_args(self) -> list[str]:
+        """The `loadgen.py` flags for this policy's smoke bench (add --url, --json...)."""
+        return ["--concurrency", ",".join(str(c) for c in self.concurrency), "--input-len", str(self.input_len),
+                "--output-len", str(self.output_len), "--requests-per-level", str(self.requests_per_level),
+                "--repeats", str(self.repeats), "--warmup", str(self.warmup), "--seed", str(self.seed)]
+
+
+def _lookup(table: dict[str, Any], kind: str) -> Any:
+    """Exact kind, then its first dash-separated word (`ddtree-b32` -> `ddtree`, `ar-tp8` -> `ar`)."""
+    k = (kind or "").lower()
+    if k in table:
+        return table[k]
+    head = k.split("-", 1)[0]
+    return table.get(head)
+
+
+class LevelRow(BaseModel):
+    concurrency: int
+    baseline_tok_s: float | None
+    candidate_tok_s: float | None
+    delta_pct: float | None
+    baseline_itl_p50_ms: float | None
+    candidate_itl_p50_ms: float | None
+    accept_length: float | None
+    baseline_accept_length: float | None = None
+    errors: int = 0
+    spread_pct: float = 0.0
+    status: Status = "pass"
+
+
+class Verdict(BaseModel):
+    status: Status
+    profile_kind: str
+    rows: list[LevelRow] = Field(default_factory=list)
+    reasons: list[str] = Field(default_factory=list)   # why not pass, one line each
+    notes: list[str] = Field(default_factory=list)     # informational
+    canary: dict | None = None
+    attempts: int = 1
+    policy: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "pass"
+
+    def one_line(self) -> str:
+        head = f"gate {self.status.upper()} ({self.profile_kind})"
+        return head + (": " + "; ".join(self.reasons) if self.reasons else "")
+
+    def table(self) -> str:
+        """The per-level table as fixed-width text (terminal, ledger, reports)."""
+        hdr = ("C", "base tok/s", "cand tok/s", "delta", "base ITL p50", "cand ITL p50", "accept", "errors", "status")
+        lines = ["%5s %11s %11s %8s %13s %13s %7s %7s %9s" % hdr]
+        for r in self.rows:
+            lines.append("%5d %11s %11s %8s %13s %13s %7s %7d %9s" % (
+                r.concurrency, _f(r.baseline_tok_s, "%.1f"), _f(r.candidate_tok_s, "%.1f"),
+                _f(r.delta_pct, "%+.1f%%"), _f(r.baseline_itl_p50_ms, "%.2f ms"),
+                _f(r.candidate_itl_p50_ms, "%.2f ms"), _f(r.accept_length, "%.2f"), r.errors, r.status))
+        return "\n".join(lines)
+
+    def findings(self) -> list[Finding]:
+        out = [Finding(check=f"gate.level.c{r.concurrency}", ok=r.status == "pass",
+                       diagnosis=f"{_f(r.candidate_tok_s, '%.1f')} vs {_f(r.baseline_tok_s, '%.1f')} tok/s "
+                                 f"({_f(r.delta_pct, '%+.1f%%')}), {r.status}",
+                       details=r.model_dump()) for r in self.rows]
+        out.append(Finding(check="gate", ok=self.ok, diagnosis=self.one_line(),
+                           fix="" if self.ok else "keep the baseline; see the reasons and `opsctl report`"))
+        return out
+
+    def record(self) -> dict[str, Any]:
+        """For the ledger."""
+        return self.model_dump(mode="json")
+
+
+def _f(v: float | None, fmt: str) -> str:
+    return "-" if v is None else fmt % v
+
+
+def _worst(*statuses: Status) -> Status:
+    return max(statuses, key=lambda s: _RANK[s])
+
+
+def _threshold(delta: float, threshold: float, band: float) -> Status:
+    if delta >= threshold:
+        return "pass"
+    if delta >= threshold - band:
+        return "marginal"
+    return "fail"
+
+
+def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = None, *, profile_kind: str,
+          canary_mismatch: Any = None, canary_ran: bool | None = None) -> Verdict:
+    """Judge `candidate` against `baseline` (all repeats; medians are compared).
+
+    `canary_mismatch`: None when the greedy canary was identical (or not run), else
+    the first divergence (`CanaryMismatch` or loadgen's dict). `canary_ran=False`
+    says the canary was not run; a kind that requires it then fails.
+    Raises ConfigError when the baseline cannot be compared (no common level, or
+    no measurement at the speedup level): that is a missing baseline, not a bad
+    release.
+    """
+    policy = policy or GatePolicy()
+    cand, base = candidate.median(), baseline.median()
+    cand_at = {lv.level: lv for lv in cand.levels}
+    base_at = {lv.level: lv for lv in base.levels}
+    fix = ("bench the baseline profile at the policy's levels: deploy it and run "
+           "`opsctl bench --save-baseline` (levels %s)" % ",".join(map(str, policy.concurrency)))
+    if not base_at:
+        raise ConfigError("the baseline has no measurements", fix)
+    if policy.speedup_concurrency not in base_at:
+        raise ConfigError(f"the baseline has no C={policy.speedup_concurrency} measurement "
+                          f"(it has {sorted(base_at)})", fix)
+    reasons: list[str] = []
+    notes: list[str] = []
+    floor = policy.floor_for(profile_kind)
+    levels = sorted(set(policy.concurrency) | set(cand_at))
+    rows: list[LevelRow] = []
+    for c in levels:
+        b: BenchLevel | None = base_at.get(c)
+        k: BenchLevel | None = cand_at.get(c)
+        if b is None:
+            notes.append(f"C={c}: no baseline measurement; not compared")
+            continue
+        if k is None:
+            reasons.append(f"C={c}: the candidate has no measurement at this level (bench did not run or crashed)")
+            rows.append(LevelRow(concurrency=c, baseline_tok_s=b.output_throughput, candidate_tok_s=None,
+                                 delta_pct=None, baseline_itl_p50_ms=b.median_itl_ms, candidate_itl_p50_ms=None,
+                                 accept_length=None, baseline_accept_length=b.accept, status="fail"))
+            continue
+        st: Status = "pass"
+        delta = (k.output_throughput / b.output_throughput - 1.0) if b.output_throughput > 0 else None
+        if delta is None:
+            notes.append(f"C={c}: baseline throughput is 0; not compared")
+        else:
+            if c == policy.speedup_concurrency:
+                s = _threshold(delta, policy.min_speedup, policy.marginal_band)
+                if s != "pass":
+                    reasons.append(f"C={c}: output {k.output_throughput:.1f} tok/s vs baseline "
+                                   f"{b.output_throughput:.1f} ({delta * 100:+.1f}%), needs at least "
+                                   f"{policy.min_speedup * 100:+.1f}%" + (" (marginal)" if s == "marginal" else ""))
+                st = _worst(st, s)
+            s = _threshold(delta, -policy.max_regression, policy.marginal_band)
+            if s != "pass":
+                reasons.append(f"C={c}: output {k.output_throughput:.1f} tok/s is {-delta * 100:.1f}% below the "
+                               f"baseline's {b.output_throughput:.1f} (limit -{policy.max_regression * 100:.0f}%)"
+                               + (" (marginal)" if s == "marginal" else ""))
+                st = _worst(st, s)
+        if k.errors > policy.max_errors:
+            reasons.append(f"C={c}: {k.errors} failed requests over {k.repeats_merged} repeat(s) "
+                           f"(allowed {policy.max_errors})" + (f": {k.error_samples[0]}" if getattr(
+                               k, "error_samples", None) else ""))
+            st = "fail"
+        if floor is not None:
+            acc = k.accept
+            if acc is None:
+                if policy.require_accept_length:
+                    reasons.append(f"C={c}: no accept length reported for a {profile_kind} release "
+                                   f"(floor {floor:.2f}); start SGLang with --enable-metrics")
+                    st = "fail"
+            elif acc < floor:
+                reasons.append(f"C={c}: accept length {acc:.2f} below the {profile_kind} floor {floor:.2f}")
+                st = "fail"
+        spread = max(k.output_throughput_spread, b.output_throughput_spread)
+        if st == "pass" and spread > policy.max_spread:
+            reasons.append(f"C={c}: repeats spread {spread * 100:.0f}% (> {policy.max_spread * 100:.0f}%): "
+                           "too noisy to call (marginal)")
+            st = "marginal"
+        rows.append(LevelRow(concurrency=c, baseline_tok_s=b.output_throughput, candidate_tok_s=k.output_throughput,
+                             delta_pct=None if delta is None else delta * 100, baseline_itl_p50_ms=b.median_itl_ms,
+                             candidate_itl_p50_ms=k.median_itl_ms, accept_length=k.accept,
+                             baseline_accept_length=b.accept, errors=k.errors, spread_pct=spread * 100, status=st))
+    if not rows:
+        raise ConfigError("the candidate and the baseline share no concurrency level", fix)
+
+    canary: dict | None = None
+    if canary_mismatch is not None:
+        m = canary_mismatch if isinstance(canary_mismatch, dict) else canary_mismatch.model_dump()
+        canary = {"identical": False, **m}
+        line = (f"canary: greedy output differs from the baseline at prompt {m['prompt']}, token {m['position']} "
+                f"(expected {m.get('expected')}, got {m.get('got')})")
+        if policy.canary_required(profile_kind):
+            reasons.append(line)
+        else:
+            notes.append(line + f"; not gated for kind {profile_kind}")
+    elif canary_ran is False:
+        canary = {"identical": None}
+        if policy.canary_required(profile_kind):
+            reasons.append("canary: not run; a speculative release must reproduce the baseline's greedy output")
+    else:
+        canary = {"identical": True} if canary_ran else None
+
+    if candidate.repeats < policy.repeats:
+        notes.append(f"candidate has {candidate.repeats} repeat(s), the policy asks for {policy.repeats}")
+    status: Status = _worst("pass", *(r.status for r in rows))
+    if canary is not None and canary.get("identical") is not True and policy.canary_required(profile_kind):
+        status = "fail"
+    return Verdict(status=status, profile_kind=profile_kind, rows=rows, reasons=reasons, notes=notes,
+                   canary=canary, policy=policy.model_dump(mode="json"))
+
+
+# --------------------------------------------------------------------------- marginal: re-measure once
+def next_action(verdict: Verdict) -> Literal["promote", "remeasure", "rollback"]:
+    """pass -> promote; fail -> rollback; marginal -> remeasure on the first
+    attempt, rollback after a re-measure."""
+    if verdict.status == "pass":
+        return "promote"
+    if verdict.status == "marginal" and verdict.attempts < 2:
+        return "remeasure"
+    return "rollback"
+
+
+def finalize(verdict: Verdict) -> Verdict:
+    """A verdict after the re-measure: still marginal -> fail."""
+    if verdict.status != "marginal" or verdict.attempts < 2:
+        return verdict
+    return verdict.model_copy(update={
+        "status": "fail", "reasons": [*verdict.reasons, "still marginal after one re-measure: failing"]})
+
+
+def judge_with_remeasure(measure: Callable[[], BenchRun], baseline: BenchRun, policy: GatePolicy | None = None, *,
+                         profile_kind: str, canary_mismatch: Any = None, canary_ran: bool | None = None,
+                         first: BenchRun | None = None) -> tuple[Verdict, BenchRun]:
+    """Measure (or take `first`), judge; if marginal, measure once more, judge
+    the repeats of both runs together, and fail if still marginal. Returns the
+    final verdict and the run it was judged on."""
+    run = first if first is not None else measure()
+    v = judge(run, baseline, policy, profile_kind=profile_kind, canary_mismatch=canary_mismatch,
+              canary_ran=canary_ran)
+    if next_action(v) != "remeasure":
+        return v, run
+    run = run.merged(measure())
+    v2 = judge(run, baseline, policy, profile_kind=profile_kind, canary_mismatch=canary_mismatch,
+               canary_ran=canary_ran)
+    v2 = v2.model_copy(update={"attempts": 2, "notes": [*v2.notes, "re-measured once after a marginal verdict"]})
+    return finalize(v2), run

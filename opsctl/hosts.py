@@ -1,0 +1,185 @@
+"""The one interface for running things on a host: run / put / get, one Result.
+
+Workflow code talks to `Connection` only; whether the bytes move through
+fabric (a direct SSH call), ansible-runner (playbooks, see opsctl/playbook.py)
+or a local shell (tests) does not show in it.
+"""
+from __future__ import annotations
+
+import shlex
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from opsctl.errors import HostError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from opsctl.config import HostConfig
+
+
+@dataclass(frozen=True)
+class Result:
+    """What one command (or one transfer) did on a host."""
+
+    command: str
+    rc: int
+    stdout: str = ""
+    stderr: str = ""
+    duration_s: float = 0.0
+    host: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+    def check(self, what: str | None = None, fix: str | None = None) -> "Result":
+        if not self.ok:
+            tail = (self.stderr.strip() or self.stdout.strip()).splitlines()[-1:] or [""]
+            raise HostError(f"{what or self.command!r} failed on {self.host or 'host'} "
+                            f"(exit {self.rc}): {tail[0][:300]}", fix)
+        return self
+
+
+class Connection(Protocol):
+    name: str
+
+    def run(self, command: str, *, check: bool = True, timeout: float | None = None,
+            stdin: str | None = None) -> Result: ...
+
+    def put(self, local: str | Path, remote: str, *, mode: int | None = None) -> Result: ...
+
+    def get(self, remote: str, local: str | Path) -> Result: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class LocalConnection:
+    """Runs commands on this machine through bash. For tests and the lab's own plumbing."""
+
+    name: str = "localhost"
+
+    def run(self, command: str, *, check: bool = True, timeout: float | None = None,
+            stdin: str | None = None) -> Result:
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
+                                  timeout=timeout, input=stdin)
+            rc, out, err = proc.returncode, proc.stdout, proc.stderr
+        except subprocess.TimeoutExpired as exc:
+            rc, out, err = 124, str(exc.stdout or ""), f"timed out after {timeout}s"
+        result = Result(command, rc, out, err, time.monotonic() - start, self.name)
+        return result.check() if check else result
+
+    def put(self, local: str | Path, remote: str, *, mode: int | None = None) -> Result:
+        cmd = f"install -D {'-m %o ' % mode if mode is not None else ''}{shlex.quote(str(local))} {shlex.quote(remote)}"
+        return self.run(cmd)
+
+    def get(self, remote: str, local: str | Path) -> Result:
+        return self.run(f"cp {shlex.quote(remote)} {shlex.quote(str(local))}")
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class SSHConnection:
+    """fabric/paramiko connection built from a HostConfig's SSH facts.
+
+    Host keys are verified against the inventory's known_hosts (or the user's)
+    unless the inventory explicitly disables it (the lab only).
+    """
+
+    host: "HostConfig"
+    connect_timeout: float = 5.0
+    _conn: object | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+    def _connection(self):
+        if self._conn is not None:
+            return self._conn
+        import paramiko
+        from fabric import Connection as FabricConnection
+
+        ssh = self.host.ssh
+        try:  # fail fast with a clear message before paramiko's long stack traces
+            socket.create_connection((ssh.address, ssh.port), timeout=self.connect_timeout).close()
+        except OSError as exc:
+            raise HostError(f"host {self.host.name} ({ssh.address}:{ssh.port}) is unreachable: {exc}",
+                            "check the address in the inventory and that sshd runs there"
+                            + ("; for the lab run 'opsctl lab up'" if not ssh.strict_host_keys else "")) from exc
+        kwargs: dict = {"timeout": self.connect_timeout, "allow_agent": False, "look_for_keys": False,
+                        "banner_timeout": self.connect_timeout, "auth_timeout": self.connect_timeout}
+        if ssh.key_file:
+            kwargs["key_filename"] = str(ssh.key_file)
+        conn = FabricConnection(ssh.address, user=ssh.user, port=ssh.port, connect_kwargs=kwargs)
+        client = conn.client
+        if ssh.strict_host_keys:
+            known = Path(ssh.known_hosts or "~/.ssh/known_hosts").expanduser()
+            if not known.exists():
+                raise HostError(f"known_hosts file {known} does not exist, so {self.host.name}'s key cannot be verified",
+                                f"add the host key: ssh-keyscan -p {ssh.port} {ssh.address} >> {known}")
+            client.load_host_keys(str(known))
+            client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        else:
+            client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+        try:
+            conn.open()
+        except paramiko.SSHException as exc:
+            raise HostError(f"SSH to {self.host.name} ({ssh.address}) failed: {exc}",
+                            "check the host key in known_hosts and the key file in the inventory") from exc
+        except OSError as exc:
+            raise HostError(f"host {self.host.name} ({ssh.address}:{ssh.port}) is unreachable: {exc}",
+                            "check the address in the inventory") from exc
+        self._conn = conn
+        return conn
+
+    def run(self, command: str, *, check: bool = True, timeout: float | None = None,
+            stdin: str | None = None) -> Result:
+        import io
+
+        conn = self._connection()
+        start = time.monotonic()
+        kwargs: dict = {"hide": True, "warn": True, "in_stream": io.StringIO(stdin) if stdin is not None else False}
+        if timeout:
+            kwargs["timeout"] = timeout
+        try:
+            res = conn.run(command, **kwargs)
+            rc, out, err = res.exited, res.stdout, res.stderr
+        except Exception as exc:  # invoke.CommandTimedOut and transport errors
+            if type(exc).__name__ == "CommandTimedOut":
+                rc, out, err = 124, "", f"timed out after {timeout}s"
+            else:
+                raise HostError(f"lost the SSH connection to {self.name} while running {command[:80]!r}: {exc}",
+                                "check the host is up, then run the command again") from exc
+        result = Result(command, rc, out, err, time.monotonic() - start, self.name)
+        return result.check() if check else result
+
+    def put(self, local: str | Path, remote: str, *, mode: int | None = None) -> Result:
+        conn = self._connection()
+        start = time.monotonic()
+        conn.put(str(local), remote)
+        if mode is not None:
+            conn.sftp().chmod(remote, mode)
+        return Result(f"put {local} {remote}", 0, "", "", time.monotonic() - start, self.name)
+
+    def get(self, remote: str, local: str | Path) -> Result:
+        conn = self._connection()
+        start = time.monotonic()
+        conn.get(remote, str(local))
+        return Result(f"get {remote} {local}", 0, "", "", time.monotonic() - start, self.name)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def connect(host: "HostConfig") -> Connection:
+    return SSHConnection(host)

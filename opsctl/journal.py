@@ -1,0 +1,668 @@
+"""SGLang journal parsing: CUDA-graph capture lines, decode lines, readiness, failures, restarts.
+
+Pure functions over journal entries (`journalctl -o json` dicts) or text lines (a saved
+`journalctl` print-out with `May 30 00:27:32 host python[113022]: ` prefixes, or raw
+SGLang stdout). The only I/O is `read_journal` (through a Connection) and `load_file`.
+
+Lines are parsed by fields, not by one regex per line: a capture line is recognised by
+its head (`Capture <name> CUDA graph begin|end`) and each field (`num_tokens_per_req=`,
+`bs=[...]`, `elapsed=`, `mem usage=`, ...) is looked up on its own, so the version
+variants (fields on the begin or the end line, `num_tokens_per_bs=`, the ≤0.5.10
+`Capture cuda graph end. Time elapsed: X s. mem usage=Y GB` spelling, 0.4.x end lines
+without `mem usage`) all land in the same `CaptureEvent`. Decode lines are split into
+`key: value` fields, so extra fields (`cap len`, `block accept len`, `#full token`) are kept
+rather than breaking the match. See docs/examples/ and tests/validate/data/ for real lines.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Literal
+
+from opsctl.errors import ConfigError, HostError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from opsctl.hosts import Connection
+
+# capture kinds as SGLang names them; LEGACY is the ≤0.5.10 / 0.4.x `Capture cuda graph ...`
+# line, which names neither role (target/draft) nor phase (decode/verify)
+TARGET_VERIFY = "target verify"
+TARGET_DECODE = "target decode"
+DRAFT_DECODE = "draft decode"
+DRAFT_EXTEND = "draft extend"
+DRAFT_VERIFY = "draft verify"
+TARGET_PREFILL = "target prefill"
+LEGACY = "legacy-unlabelled"
+
+CapturePhase = Literal["begin", "end", "failed", "info"]
+FailureKind = Literal["capture_failed", "cuda_oom", "kv_alloc_failed", "traceback", "fatal"]
+
+READY_TEXT = "The server is fired up and ready to roll!"
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One message with its journald and SGLang prefixes taken apart."""
+
+    text: str                      # the message after all prefixes
+    line_no: int                   # 1-based position in the input (entry index for JSON)
+    timestamp: datetime | None = None
+    rank: str = ""                 # SGLang's rank label, e.g. "TP3" or "DP0 TP1 EP1"; "" = no label
+    tp_rank: int | None = None
+    pid: int | None = None
+    invocation_id: str | None = None
+    identifier: str | None = None  # syslog identifier: "python", "systemd", ...
+    process: int = 0               # index of the process start this line belongs to
+    bare: bool = False             # no SGLang `[time ranks]` prefix: a continuation line (traceback, hints) or not SGLang's logger
+
+    @property
+    def is_systemd(self) -> bool:
+        return self.identifier == "systemd"
+
+
+@dataclass(frozen=True)
+class CaptureEvent:
+    """One capture log line: begin, end, failed, or a bare `bs [...]` info line (0.4.x)."""
+
+    kind: str
+    phase: CapturePhase
+    line: LogLine
+    backend: str | None = None
+    num_tokens_per_req: int | None = None
+    num_tokens: int | None = None         # prefill graphs size by tokens, not requests
+    bs: tuple[int, ...] | None = None
+    elapsed_s: float | None = None
+    mem_usage_gb: float | None = None
+    avail_mem_gb: float | None = None
+    step: int | None = None
+
+    @property
+    def rank(self) -> str:
+        return self.line.rank
+
+
+@dataclass
+class Capture:
+    """A begin paired with its end (or with nothing: a hang or a crash)."""
+
+    kind: str
+    rank: str
+    tp_rank: int | None
+    process: int
+    begin: CaptureEvent
+    end: CaptureEvent | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.end is not None
+
+    def _first(self, name: str):
+        for ev in (self.begin, self.end):
+            if ev is not None and getattr(ev, name) is not None:
+                return getattr(ev, name)
+        return None
+
+    @property
+    def num_tokens_per_req(self) -> int | None:
+        return self._first("num_tokens_per_req")
+
+    @property
+    def bs(self) -> tuple[int, ...] | None:
+        # the end line's list is the runner's final one; some builds print it on begin only
+        for ev in (self.end, self.begin):
+            if ev is not None and ev.bs is not None:
+                return ev.bs
+        return None
+
+    @property
+    def backend(self) -> str | None:
+        return self._first("backend")
+
+    @property
+    def elapsed_s(self) -> float | None:
+        if self.end is None:
+            return None
+        if self.end.elapsed_s is not None:
+            return self.end.elapsed_s
+        b, e = self.begin.line.timestamp, self.end.line.timestamp
+        return (e - b).total_seconds() if b and e else None
+
+    @property
+    def mem_usage_gb(self) -> float | None:
+        if self.end is None:
+            return None
+        if self.end.mem_usage_gb is not None:
+            return self.end.mem_usage_gb
+        if self.begin.avail_mem_gb is not None and self.end.avail_mem_gb is not None:
+            return round(self.begin.avail_mem_gb - self.end.avail_mem_gb, 2)
+        return None
+
+    @property
+    def avail_mem_after_gb(self) -> float | None:
+        return self.end.avail_mem_gb if self.end is not None else None
+
+    def as_dict(self) -> dict:
+        return {"kind": self.kind, "rank": self.rank or "main", "complete": self.complete,
+                "backend": self.backend, "num_tokens_per_req": self.num_tokens_per_req,
+                "bs": list(self.bs) if self.bs is not None else None, "elapsed_s": self.elapsed_s,
+                "mem_usage_gb": self.mem_usage_gb, "avail_mem_after_gb": self.avail_mem_after_gb,
+                "line": self.begin.line.line_no}
+
+
+@dataclass(frozen=True)
+class DecodeLine:
+    """`Decode batch, #running-req: R, #token: T, ...` with every field kept in `fields`."""
+
+    line: LogLine
+    fields: dict[str, str]
+    running_reqs: int | None = None
+    num_tokens: int | None = None
+    token_usage: float | None = None
+    accept_len: float | None = None
+    accept_rate: float | None = None
+    cuda_graph: bool | None = None
+    gen_throughput: float | None = None
+    queue_reqs: int | None = None
+
+    @property
+    def rank(self) -> str:
+        return self.line.rank
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: FailureKind
+    line: LogLine
+    summary: str            # the line itself, or for a traceback the exception line after it
+
+    def as_dict(self) -> dict:
+        return {"kind": self.kind, "rank": self.line.rank or "main", "line": self.line.line_no,
+                "timestamp": self.line.timestamp.isoformat() if self.line.timestamp else None,
+                "summary": self.summary[:300]}
+
+
+@dataclass(frozen=True)
+class ProcessStart:
+    """A new server process: the first line of a new PID, or a second `server_args=` line."""
+
+    index: int
+    line: LogLine
+    pid: int | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class UnitEvent:
+    """systemd's own lines about the unit."""
+
+    kind: Literal["started", "stopping", "stopped", "exited", "failed", "restart_scheduled"]
+    line: LogLine
+
+
+@dataclass
+class ParsedJournal:
+    lines: list[LogLine] = field(default_factory=list)
+    capture_events: list[CaptureEvent] = field(default_factory=list)
+    captures: list[Capture] = field(default_factory=list)
+    decodes: list[DecodeLine] = field(default_factory=list)
+    ready: list[LogLine] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    retractions: list[LogLine] = field(default_factory=list)   # KV retraction under load: not a failure
+    process_starts: list[ProcessStart] = field(default_factory=list)
+    unit_events: list[UnitEvent] = field(default_factory=list)
+
+    @property
+    def latest_process(self) -> int:
+        return self.process_starts[-1].index if self.process_starts else 0
+
+    @property
+    def log_format(self) -> Literal["0.5.23", "legacy", "unknown"]:
+        """Which capture-line spelling the log uses (the 0.5.23 one names role and phase)."""
+        kinds = {c.kind for c in self.captures}
+        if kinds - {LEGACY}:
+            return "0.5.23"
+        return "legacy" if LEGACY in kinds else "unknown"
+
+    def captures_of(self, process: int | None = None) -> list[Capture]:
+        process = self.latest_process if process is None else process
+        return [c for c in self.captures if c.process == process]
+
+    def decodes_of(self, process: int | None = None) -> list[DecodeLine]:
+        process = self.latest_process if process is None else process
+        return [d for d in self.decodes if d.line.process == process]
+
+    @property
+    def restarts(self) -> int:
+        return max(0, len(self.process_starts) - 1)
+
+
+# --------------------------------------------------------------------------- prefixes
+
+_MONTHS = {m: i for i, m in enumerate(
+    ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"], 1)}
+
+# `journalctl` default output (short / short-precise) and short-iso
+_SYSLOG_PREFIX = re.compile(
+    r"^(?:(?P<mon>[A-Z][a-z]{2}) +(?P<day>\d{1,2}) (?P<hms>\d\d:\d\d:\d\d(?:\.\d+)?)"
+    r"|(?P<iso>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?))"
+    r" (?P<host>\S+) (?P<ident>[^\s\[:]+)(?:\[(?P<pid>\d+)\])?: ?(?P<msg>.*)$")
+# SGLang's logger: `[2026-05-30 00:27:32 TP0] ` or `[2026-05-30 00:27:32.123 DP0 TP1 EP1] `,
+# optionally behind Ray's `(SchedulerActor pid=123) `
+_SGLANG_PREFIX = re.compile(
+    r"^(?:\(\w+ pid=\d+(?:,\s*ip=[\d.]+)?\)\s*)?"
+    r"\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?)(?P<ranks>(?: [A-Z][A-Z_]*\d+)*)\] ?(?P<msg>.*)$")
+_RANK_TOKEN = re.compile(r"([A-Z][A-Z_]*?)(\d+)$")
+
+
+def _sglang_prefix(msg: str) -> tuple[str, datetime | None, str, int | None]:
+    m = _SGLANG_PREFIX.match(msg)
+    if not m:
+        return msg, None, "", None
+    ts = datetime.strptime(m["ts"].replace(",", ".")[:19], "%Y-%m-%d %H:%M:%S")
+    ranks = m["ranks"].split()
+    tp = None
+    for tok in ranks:
+        rm = _RANK_TOKEN.match(tok)
+        if rm and rm.group(1) == "TP":
+            tp = int(rm.group(2))
+    return m["msg"], ts, " ".join(ranks), tp
+
+
+def _parse_iso(text: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def lines_from_text(text: str) -> list[LogLine]:
+    """Split a saved journal print-out or raw SGLang output into LogLines."""
+    out: list[LogLine] = []
+    year = None
+    for no, raw in enumerate(text.splitlines(), 1):
+        raw = raw.rstrip("\r")
+        # tqdm progress bars rewrite one line with \r: the last frame is what was printed
+        if "\r" in raw:
+            raw = raw.rsplit("\r", 1)[-1]
+        if not raw.strip() or raw.startswith("-- "):  # journalctl's `-- Boot ... --`, `-- No entries --`
+            continue
+        m = _SYSLOG_PREFIX.match(raw)
+        ident = pid = None
+        jts: datetime | None = None
+        msg = raw
+        syslog_parts = None
+        if m:
+            msg, ident = m["msg"], m["ident"]
+            pid = int(m["pid"]) if m["pid"] else None
+            if m["iso"]:
+                jts = _parse_iso(m["iso"])
+            else:
+                syslog_parts = (_MONTHS.get(m["mon"], 1), int(m["day"]), m["hms"])
+        msg, sts, rank, tp = _sglang_prefix(msg)
+        if sts is not None:
+            year = sts.year
+        if syslog_parts is not None:  # the short format has no year: borrow SGLang's, else this year
+            mon, day, hms = syslog_parts
+            try:
+                jts = datetime.strptime(f"{year or datetime.now(timezone.utc).year}-{mon:02d}-{day:02d} {hms[:8]}",
+                                        "%Y-%m-%d %H:%M:%S")
+            except ValueError:
+                jts = None
+        out.append(LogLine(msg, no, jts or sts, rank, tp, pid, None, ident, bare=sts is None))
+    return out
+
+
+def _message_text(value: Any) -> str:
+    if isinstance(value, list):  # journald exports non-UTF-8 messages as byte arrays
+        try:
+            return bytes(value).decode("utf-8", "replace")
+        except (TypeError, ValueError):
+            return ""
+    return "" if value is None else str(value)
+
+
+def lines_from_entries(entries: Iterable[dict]) -> list[LogLine]:
+    """Turn `journalctl -o json` entries into LogLines (a MESSAGE with newlines gives several)."""
+    out: list[LogLine] = []
+    for no, entry in enumerate(entries, 1):
+        text = _message_text(entry.get("MESSAGE"))
+        ts = None
+        if entry.get("__REALTIME_TIMESTAMP"):
+            try:
+                ts = datetime.fromtimestamp(int(entry["__REALTIME_TIMESTAMP"]) / 1e6, tz=timezone.utc).replace(tzinfo=None)
+            except (TypeError, ValueError):
+                ts = None
+        pid_raw = entry.get("_PID") or entry.get("SYSLOG_PID")
+        try:
+            pid = int(pid_raw) if pid_raw is not None else None
+        except (TypeError, ValueError):
+            pid = None
+        ident = entry.get("SYSLOG_IDENTIFIER") or entry.get("_COMM")
+        if pid == 1 and not ident:
+            ident = "systemd"
+        for part in text.splitlines() or [""]:
+            msg, sts, rank, tp = _sglang_prefix(part.rstrip("\r").rsplit("\r", 1)[-1])
+            if not msg.strip():
+                continue
+            out.append(LogLine(msg, no, ts or sts, rank, tp, pid, entry.get("_SYSTEMD_INVOCATION_ID"), ident,
+                               bare=sts is None))
+    return out
+
+
+# --------------------------------------------------------------------------- fields
+
+_CAPTURE_HEAD = re.compile(
+    r"^Capture (?P<name>[\w ]*?)\s*(?:(?:CUDA|cuda|CPU|NPU|XPU|MUSA|\w+) graph)\s*(?P<phase>begin|end|failed)\b",
+    re.IGNORECASE)
+_CAPTURE_BS_INFO = re.compile(r"^Capture (?:cuda )?graph bs\b", re.IGNORECASE)  # 0.4.x: `Capture cuda graph bs [1, 2, 4]`
+_INT = r"(\d+)"
+_FLOAT = r"(-?\d+(?:\.\d+)?)"
+_FIELDS = {  # field -> pattern; each looked up on its own so order and presence may vary
+    "backend": re.compile(r"\bbackend=([\w.-]+)"),
+    "num_tokens_per_req": re.compile(r"\bnum_tokens_per_(?:req|bs)=" + _INT),
+    "num_tokens": re.compile(r"\bnum_tokens=" + _INT),
+    "bs": re.compile(r"\bbs(?:=|\s+)\[([\d,\s]*)\]"),
+    "elapsed_s": re.compile(r"(?:\belapsed=|Time elapsed:\s*)" + _FLOAT),
+    "mem_usage_gb": re.compile(r"\bmem usage=\s*" + _FLOAT),
+    "avail_mem_gb": re.compile(r"\bavail(?: |_)mem=\s*" + _FLOAT),
+    "step": re.compile(r"\bstep=" + _INT),
+}
+
+
+def _capture_fields(text: str) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name, pat in _FIELDS.items():
+        m = pat.search(text)
+        if not m:
+            continue
+        raw = m.group(1)
+        if name == "bs":
+            values[name] = tuple(int(x) for x in re.findall(r"\d+", raw))
+        elif name == "backend":
+            values[name] = raw.rstrip(".,")
+        elif name in ("num_tokens_per_req", "num_tokens", "step"):
+            values[name] = int(raw)
+        else:
+            values[name] = float(raw)
+    return values
+
+
+def _capture_kind(name: str) -> str:
+    name = " ".join(name.lower().split())
+    if not name:
+        return LEGACY
+    if name == "draft":  # some old builds: `Capture draft cuda graph begin`
+        return DRAFT_DECODE
+    return name
+
+
+def parse_capture(line: LogLine) -> CaptureEvent | None:
+    text = line.text.strip()
+    if not text.startswith("Capture"):
+        return None
+    m = _CAPTURE_HEAD.match(text)
+    if m:
+        kind = _capture_kind(m["name"])
+        phase = m["phase"].lower()
+        # the failure line carries the exception text: keep it off the fields
+        fields = _capture_fields(text) if phase != "failed" else {}
+        return CaptureEvent(kind, phase, line, **fields)  # type: ignore[arg-type]
+    if _CAPTURE_BS_INFO.match(text):
+        return CaptureEvent(LEGACY, "info", line, **_capture_fields(text))
+    return None
+
+
+_DECODE_HEAD = re.compile(r"^Decode batch(?: \[\d+\])?,\s*")
+
+
+def _num(value: str | None, cast):
+    if value is None:
+        return None
+    try:
+        return cast(value.strip().rstrip(","))
+    except ValueError:
+        return None
+
+
+def parse_decode(line: LogLine) -> DecodeLine | None:
+    m = _DECODE_HEAD.match(line.text)
+    if not m:
+        return None
+    fields: dict[str, str] = {}
+    for part in line.text[m.end():].split(", "):
+        key, sep, value = part.partition(": ")
+        if sep:
+            fields[key.strip()] = value.strip()
+    graph = fields.get("cuda graph")
+    return DecodeLine(
+        line=line,
+        fields=fields,
+        running_reqs=_num(fields.get("#running-req"), int),
+        # hybrid models print `#full token` / `full token usage` instead of `#token` / `token usage`
+        num_tokens=_num(fields.get("#token", fields.get("#full token")), int),
+        token_usage=_num(fields.get("token usage", fields.get("full token usage")), float),
+        accept_len=_num(fields.get("accept len"), float),
+        accept_rate=_num(fields.get("accept rate"), float),
+        cuda_graph=None if graph is None else graph.strip() == "True",
+        gen_throughput=_num(fields.get("gen throughput (token/s)"), float),
+        queue_reqs=_num(fields.get("#queue-req"), int),
+    )
+
+
+_CUDA_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation")
+# a KV-pool allocation that raised (the scheduler dies), unlike the retraction lines below
+_KV_ALLOC_FAILED = re.compile(r"^(?:RuntimeError: )?(?:Decode|Prefill) out of memory\. Try to lower")
+_RETRACTION = re.compile(r"Decode out of memory happened|KV cache pool is full\. Retract requests")
+_FATAL = re.compile(r"Received sigquit from a child process|Child process unexpectedly failed|"
+                    r"Scheduler hit an exception|Exception in run_scheduler_process")
+_TB_NOISE = re.compile(r"^(?:Traceback \(most recent|File \"|During handling of|The above exception)")
+_UNIT_EVENTS = [
+    (re.compile(r"^Started "), "started"),
+    (re.compile(r"^Stopping "), "stopping"),
+    (re.compile(r"^Stopped "), "stopped"),
+    (re.compile(r"Main process exited"), "exited"),
+    (re.compile(r"Failed with result"), "failed"),
+    (re.compile(r"Scheduled restart job"), "restart_scheduled"),
+]
+
+
+# --------------------------------------------------------------------------- parse
+
+
+def parse(source: Iterable[dict] | Iterable[str] | str) -> ParsedJournal:
+    """Parse journal entries (dicts), text lines, or one text blob."""
+    if isinstance(source, str):
+        lines = lines_from_text(source)
+    else:
+        items = list(source)
+        if items and isinstance(items[0], dict):
+            lines = lines_from_entries(items)  # type: ignore[arg-type]
+        else:
+            lines = lines_from_text("\n".join(str(i) for i in items))
+    return parse_lines(lines)
+
+
+def parse_lines(lines: list[LogLine]) -> ParsedJournal:
+    result = ParsedJournal()
+    process = 0
+    current_pid: int | None = None
+    seen_server_args = False
+    open_tracebacks: dict[int | None, Failure] = {}  # pid -> traceback awaiting its exception line
+    open_captures: dict[tuple, list[Capture]] = {}
+    pending_bs: dict[tuple, tuple[int, ...]] = {}
+
+    for line in lines:
+        if line.is_systemd:
+            for pat, kind in _UNIT_EVENTS:
+                if pat.search(line.text):
+                    result.unit_events.append(UnitEvent(kind, line))  # type: ignore[arg-type]
+                    break
+            result.lines.append(line)
+            continue
+
+        # process boundaries: a new PID of the service, or the launcher's `server_args=` line again
+        new_reason = None
+        if line.pid is not None and line.pid != current_pid:
+            new_reason = f"pid {line.pid}" if current_pid is None else f"pid {current_pid} -> {line.pid}"
+            current_pid, seen_server_args = line.pid, False
+        if line.text.startswith("server_args=") and not line.rank:
+            if seen_server_args and new_reason is None:
+                new_reason = "server_args printed again (same pid: a restart without PID information)"
+            seen_server_args = True
+        if new_reason is not None and result.process_starts:
+            process += 1
+        line = _with_process(line, process)
+        if new_reason is not None or not result.process_starts:
+            result.process_starts.append(ProcessStart(process, line, line.pid, new_reason or "first line"))
+        result.lines.append(line)
+        text = line.text.strip()
+        # a traceback's continuation lines carry no rank prefix: follow it by process
+        key = line.pid
+        tb = open_tracebacks.get(key)
+        if tb is not None and line.bare and tb.line.rank:  # attribute the frames and exception to the rank
+            line = replace(line, rank=tb.line.rank, tp_rank=tb.line.tp_rank)
+            result.lines[-1] = line
+        if (tb is not None and line.bare and text and not line.text.startswith((" ", "\t"))
+                and not _TB_NOISE.match(text)):
+            # the first unindented line after the frames names the exception
+            result.failures[result.failures.index(tb)] = replace(tb, summary=text)
+            del open_tracebacks[key]
+        tb_start = "Traceback (most recent call last)" in text
+        if tb_start and key not in open_tracebacks:  # a chained traceback is the same failure
+            f = Failure("traceback", line, text)
+            result.failures.append(f)
+            open_tracebacks[key] = f
+
+        ev = parse_capture(line)
+        if ev is not None:
+            result.capture_events.append(ev)
+            ckey = (line.pid, line.rank, process)
+            if ev.phase == "begin":
+                if ev.bs is None and ckey in pending_bs:
+                    ev = replace(ev, bs=pending_bs.pop(ckey))
+                cap = Capture(ev.kind, line.rank, line.tp_rank, process, ev)
+                result.captures.append(cap)
+                open_captures.setdefault((*ckey, ev.kind), []).append(cap)
+            elif ev.phase == "end":
+                stack = open_captures.get((*ckey, ev.kind))
+                if stack:
+                    stack.pop().end = ev
+                else:  # an end whose begin is outside the window: keep it as a complete capture
+                    result.captures.append(Capture(ev.kind, line.rank, line.tp_rank, process, ev, ev))
+            elif ev.phase == "failed":
+                result.failures.append(Failure("capture_failed", line, text))
+            elif ev.phase == "info" and ev.bs is not None:
+                stack = open_captures.get((*ckey, LEGACY))
+                if stack:
+                    stack[-1].begin = replace(stack[-1].begin, bs=ev.bs)
+                else:
+                    pending_bs[ckey] = ev.bs
+        elif "graph failed" in text and "Capture" in text:  # `Exception: Capture cuda graph failed: ...`
+            result.failures.append(Failure("capture_failed", line, text))
+
+        if _CUDA_OOM.search(text):
+            result.failures.append(Failure("cuda_oom", line, text))
+        elif _KV_ALLOC_FAILED.search(text):
+            result.failures.append(Failure("kv_alloc_failed", line, text))
+        elif _RETRACTION.search(text):
+            result.retractions.append(line)
+        if _FATAL.search(text) and not tb_start:
+            result.failures.append(Failure("fatal", line, text))
+
+        dec = parse_decode(line)
+        if dec is not None:
+            result.decodes.append(dec)
+        elif READY_TEXT in text:
+            result.ready.append(line)
+    return result
+
+
+def _with_process(line: LogLine, process: int) -> LogLine:
+    return line if line.process == process else replace(line, process=process)
+
+
+def since_start(parsed: ParsedJournal) -> ParsedJournal:
+    """The part of the window from the unit's first `Started` on (the release's own start).
+
+    A `--since` window taken just before the switch may still show the previous process
+    stopping; that is not a restart of this release.
+    """
+    started = [e for e in parsed.unit_events if e.kind == "started"]
+    if not started:
+        return parsed
+    first = started[0].line
+    cut = next(i for i, ln in enumerate(parsed.lines) if ln is first)
+    return parse_lines([_with_process(ln, 0) for ln in parsed.lines[cut:]])
+
+
+# --------------------------------------------------------------------------- I/O
+
+
+def load_entries_json(text: str) -> list[dict]:
+    """`journalctl -o json` (one object per line) or `-o json-pretty`/a JSON array."""
+    stripped = text.strip()
+    if not stripped:
+        return []
+    if stripped.startswith("["):
+        data = json.loads(stripped)
+        if not isinstance(data, list):
+            raise ValueError("a JSON array of journal entries was expected")
+        return [d for d in data if isinstance(d, dict)]
+    entries: list[dict] = []
+    decoder = json.JSONDecoder()
+    pos = 0
+    while pos < len(stripped):  # handles one-per-line and json-pretty (objects back to back)
+        while pos < len(stripped) and stripped[pos].isspace():
+            pos += 1
+        if pos >= len(stripped):
+            break
+        obj, pos = decoder.raw_decode(stripped, pos)
+        if isinstance(obj, dict):
+            entries.append(obj)
+    return entries
+
+
+def looks_like_json_export(text: str) -> bool:
+    head = text.lstrip()[:1]
+    return head in ("{", "[") and '"MESSAGE"' in text[:20000]
+
+
+def load_file(path: str | Path) -> ParsedJournal:
+    """Parse a saved journal: JSON export (`journalctl -o json`) or text, detected from the content."""
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8", "replace")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}", "check the path of --from-file") from None
+    if looks_like_json_export(text):
+        try:
+            return parse(load_entries_json(text))
+        except ValueError as exc:
+            raise ConfigError(f"{path} looks like a journalctl JSON export but does not parse: {exc}",
+                              "export it again with 'journalctl -u UNIT -o json > FILE', or save it as text") from None
+    return parse(text)
+
+
+def journal_command(unit: str, since: str) -> str:
+    return f"journalctl -u {shlex.quote(unit)} -o json --since {shlex.quote(since)} --no-pager"
+
+
+def read_journal(conn: "Connection", unit: str, since: str, *, timeout: float = 60) -> list[dict]:
+    """The unit's journal entries since `since` (any `journalctl --since` value), read over `conn`."""
+    res = conn.run(journal_command(unit, since), check=False, timeout=timeout)
+    if not res.ok:
+        tail = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:] or [""]
+        raise HostError(f"journalctl for {unit} failed on {res.host or conn.name} (exit {res.rc}): {tail[0][:300]}",
+                        "check the unit name and that the login user may read the journal (root or systemd-journal group)")
+    try:
+        return load_entries_json(res.stdout)
+    except ValueError as exc:
+        raise HostError(f"journalctl -o json output from {res.host or conn.name} does not parse: {exc}",
+                        "run the journalctl command by hand on the host to see what it prints") from None

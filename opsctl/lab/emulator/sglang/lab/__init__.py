@@ -1,0 +1,1 @@
+"""Internals of the lab emulator (stdlib only)."""

@@ -1,0 +1,57 @@
+"""Faults the emulator reads at start from /etc/opsctl-lab/faults.json (lab host only).
+
+File format: {"faults": {"<name>": {<params>}, ...}} (a bare {"<name>": {...}} works too).
+OPSCTL_LAB_FAULTS overrides the path (emulator tests running outside the lab).
+
+name                 params (defaults)                         symptom
+capture_failure      message="CUDA error: out of memory"       `Capture cuda graph failed: ...` + hints, exit 1
+wrong_verify_tokens  num_tokens_per_req=8, crash=false         verify graph captured with 8 tokens/req (block
+                                                               size, not budget+1); decode lines' accept rate
+                                                               implies 8 draft tokens; crash=true: the first
+                                                               verify replay dies with a tensor size mismatch
+slow_start           load_s=30, warmup_s=0                     weights load for load_s more (port closed), then
+                                                               /health* answer 503 for warmup_s more
+crash_after          requests=5, exit_code=1                   the scheduler dies after N finished requests
+accept_collapse      accept_len=1.58, cpu_tree_ms_per_req=1.0  the site's broken DDTree (budget 32: ~50 tok/s
+                                                               at C=1, ~87 at C=128, accept len ~1.5)
+wrong_output         after_tokens=3                            greedy output differs from the target's
+port_in_use          (none)                                    the HTTP port cannot be bound (uvicorn's error)
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+DEFAULT_PATH = "/etc/opsctl-lab/faults.json"
+
+DEFAULTS: dict[str, dict] = {
+    "capture_failure": {"message": "CUDA error: out of memory"},
+    "wrong_verify_tokens": {"num_tokens_per_req": 8, "crash": False},
+    "slow_start": {"load_s": 30.0, "warmup_s": 0.0},
+    "crash_after": {"requests": 5, "exit_code": 1},
+    "accept_collapse": {"accept_len": 1.58, "cpu_tree_ms_per_req": 1.0},
+    "wrong_output": {"after_tokens": 3},
+    "port_in_use": {},
+}
+
+
+def path() -> Path:
+    return Path(os.environ.get("OPSCTL_LAB_FAULTS", DEFAULT_PATH))
+
+
+def load() -> dict[str, dict]:
+    """Active faults with defaults filled in; unknown names are ignored (and reported)."""
+    p = path()
+    try:
+        raw = json.loads(p.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError):
+        return {}
+    faults = raw.get("faults", raw) if isinstance(raw, dict) else {}
+    out = {}
+    for name, params in faults.items():
+        if name in DEFAULTS:
+            out[name] = {**DEFAULTS[name], **(params or {})}
+    return out

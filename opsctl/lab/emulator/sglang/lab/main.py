@@ -1,0 +1,215 @@
+"""Startup of the emulated `sglang.launch_server` (SGLang 0.5.23's log lines and order).
+
+Sequence: parse flags (real parser's table) -> server_args line -> checks
+(model path, draft model path, speculative algorithm / plugins) -> per-rank
+weight load, KV cache, CUDA-graph capture lines -> bind the HTTP port ->
+warmup -> `The server is fired up and ready to roll!`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from importlib.metadata import entry_points
+from pathlib import Path
+
+from sglang.lab import faults as faults_mod
+from sglang.lab import flags, gpu, perf
+from sglang.lab.log import log, fatal_traceback
+
+BUILTIN_ALGOS = {"DFLASH", "EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DSPARK", "UNO", "FROZEN_KV_MTP"}
+NEEDS_DRAFT_MODEL = {"DFLASH", "EAGLE", "EAGLE3", "STANDALONE", "DSPARK", "DDTREE"}
+TOTAL_GPU_GB = 97887 / 1024          # 95.59 GB, as SGLang prints (GiB)
+WEIGHTS_GB = 73.61                   # Kimi K2.6 (int4 experts) per GPU at TP8/EP8
+MAX_TOTAL_TOKENS = 1_048_576
+
+
+def _plugin_names() -> list[str]:
+    """Plugins SGLang would load: entry points in `sglang.srt.plugins`, filtered by SGLANG_PLUGINS."""
+    allowed = os.environ.get("SGLANG_PLUGINS", "")
+    allowed_set = {x.strip() for x in allowed.split(",") if x.strip()} if allowed else None
+    names = []
+    for ep in entry_points(group="sglang.srt.plugins"):
+        if allowed_set is not None and ep.name not in allowed_set:
+            log(f"Skipping plugin {ep.name} (not in SGLANG_PLUGINS)")
+            continue
+        names.append(ep.name)
+    return names
+
+
+def _model_config_error(path: str) -> None:
+    fatal_traceback(
+        [("sglang/launch_server.py", 43, "<module>", "server_args = prepare_server_args(sys.argv[1:])"),
+         ("sglang/srt/server_args.py", 5117, "__post_init__", "self._handle_model_specific_adjustments()"),
+         ("sglang/srt/utils/hf_transformers_utils.py", 412, "get_config",
+          "config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code, revision=revision, **kwargs)")],
+        f"OSError: Can't load the configuration of '{path}'. If you were trying to load it from "
+        f"'https://huggingface.co/models', make sure you don't have a local directory with the same name. "
+        f"Otherwise, make sure '{path}' is the correct path to a directory containing a config.json file")
+
+
+def _check_dir_with_config(path: str | None) -> dict:
+    if not path or not Path(path, "config.json").is_file():
+        _model_config_error(path or "None")
+    try:
+        return json.loads(Path(path, "config.json").read_text())
+    except ValueError:
+        _model_config_error(path)
+        return {}
+
+
+def _capture_bs(args, speculative: bool) -> list[int]:
+    if args.cuda_graph_bs_decode:
+        return sorted(set(args.cuda_graph_bs_decode))
+    max_bs = args.cuda_graph_max_bs_decode or (args.max_running_requests and min(args.max_running_requests, 256)) or \
+        (64 if speculative else 256)
+    if args.disable_cuda_graph_padding:
+        bs = list(range(1, max_bs + 1))
+    elif not speculative:
+        bs = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16)) + list(range(512, max_bs + 1, 32))
+    else:
+        bs = (list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 65, 4)) + list(range(72, 257, 8))
+              + list(range(272, max_bs + 1, 16)))
+    bs = [b for b in bs if b <= max_bs]
+    if max_bs not in bs:
+        bs.append(max_bs)
+    return bs
+
+
+def _server_args_repr(args) -> str:
+    return "ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in sorted(vars(args).items())) + ")"
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = flags.parse(argv)
+    if args.model_path is None:
+        flags.build_parser().error("the following arguments are required: --model-path/--model")
+    active = faults_mod.load()
+    tp = int(args.tp_size or 1)
+    ep = int(args.ep_size or 1)
+    ranks = [f"TP{r}" + (f" EP{r % ep}" if ep > 1 else "") if tp > 1 else (f"EP{r}" if ep > 1 else "")
+             for r in range(max(tp, 1))]
+
+    log(f"server_args={_server_args_repr(args)}")
+    if active:
+        log(f"[opsctl-lab] faults active: {', '.join(sorted(active))}")
+
+    # ---- model + speculative configuration checks (as SGLang fails on them)
+    model_cfg = _check_dir_with_config(args.model_path)
+    algo = args.speculative_algorithm.upper() if args.speculative_algorithm else None
+    plugins = _plugin_names()
+    if algo and algo not in BUILTIN_ALGOS:
+        registered = {"DDTREE"} if "ddtree" in plugins else set()
+        if algo not in registered:
+            fatal_traceback(
+                [("sglang/launch_server.py", 43, "<module>", "server_args = prepare_server_args(sys.argv[1:])"),
+                 ("sglang/srt/server_args.py", 1266, "_handle_speculative_decoding",
+                  "algo = SpeculativeAlgorithm.from_string(self.speculative_algorithm)"),
+                 ("sglang/srt/speculative/spec_info.py", 65, "from_string",
+                  'raise ValueError(f"Unknown speculative algorithm name: {name}")')],
+                f"ValueError: Unknown speculative algorithm name: {args.speculative_algorithm}")
+        log(f"Loaded plugin ddtree: registered speculative algorithm {algo}")
+    block_size = 8
+    if algo in NEEDS_DRAFT_MODEL:
+        draft_cfg = _check_dir_with_config(args.speculative_draft_model_path)
+        block_size = int(draft_cfg.get("block_size") or draft_cfg.get("dflash_config", {}).get("block_size") or 8)
+    width = 1
+    if algo:
+        width = args.speculative_num_draft_tokens or args.speculative_dflash_block_size or \
+            (block_size if algo == "DFLASH" else None)
+        if width is None:
+            width = (args.speculative_num_steps or 3) + 1
+        if algo == "DDTREE" and args.attention_backend == "torch_native":
+            fatal_traceback([("sglang_ddtree/plugin.py", 88, "validate_server_args", "raise ValueError(...)")],
+                            "ValueError: DDTREE needs tree verify; attention backend torch_native has none")
+    captured_width = width
+    wvt = active.get("wrong_verify_tokens")
+    if wvt and algo:
+        captured_width = int(wvt["num_tokens_per_req"])
+    collapse = active.get("accept_collapse")
+    model = perf.Model(parallel="ep" if ep > 1 else "tp", algorithm=algo, width=int(width), block_size=block_size,
+                       accept_override=float(collapse["accept_len"]) if collapse and algo else None,
+                       cpu_tree_ms_per_req=float(collapse["cpu_tree_ms_per_req"]) if collapse and algo else 0.0)
+
+    mfs = args.mem_fraction_static or 0.88
+    gpu.register(os.getpid(), int(TOTAL_GPU_GB * 1024 * mfs) + 500, max(tp, ep))
+
+    def _on_term(signum, frame):
+        gpu.unregister(os.getpid())
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, _on_term)
+    signal.signal(signal.SIGINT, _on_term)
+
+    # ---- per-rank startup lines
+    for r in ranks:
+        log("Init torch distributed begin.", r)
+    for r in ranks:
+        log("Init torch distributed ends. elapsed=0.91 s, mem usage=0.79 GB", r)
+    for r in ranks:
+        log(f"Load weight begin. avail mem={TOTAL_GPU_GB - 0.98:.2f} GB", r)
+    slow = active.get("slow_start")
+    if slow and float(slow.get("load_s", 0)) > 0:
+        time.sleep(float(slow["load_s"]))
+    arch = (model_cfg.get("architectures") or ["KimiK25ForConditionalGeneration"])[0]
+    for r in ranks:
+        log(f"Load weight end. elapsed=41.37 s, type={arch}, dtype=torch.bfloat16, "
+            f"avail mem={TOTAL_GPU_GB - 0.98 - WEIGHTS_GB:.2f} GB, mem usage={WEIGHTS_GB:.2f} GB.", r)
+    avail = TOTAL_GPU_GB * (1 - mfs) + 1.6
+    for r in ranks:
+        log(f"KV Cache is allocated. #tokens: {MAX_TOTAL_TOKENS}, KV size: 8.79 GB", r)
+        log(f"Memory pool end. avail mem={avail:.2f} GB", r)
+
+    graphs_off = args.disable_decode_cuda_graph or args.disable_cuda_graph or args.cuda_graph_backend_decode == "disabled"
+    backend = args.cuda_graph_backend_decode or "full"
+    capture_bs = [] if graphs_off else _capture_bs(args, bool(algo))
+    cap = active.get("capture_failure")
+    if not graphs_off:
+        name = "target verify" if algo else "target decode"
+        for r in ranks:
+            log(f"Capture {name} CUDA graph begin. backend={backend}, num_tokens_per_req={captured_width}, "
+                f"avail mem={avail:.2f} GB", r)
+        time.sleep(0.05)
+        if cap:
+            from sglang.lab.runtime_msgs import CAPTURE_FAILED_HINTS
+
+            fatal_traceback(
+                [("sglang/srt/managers/scheduler.py", 3472, "run_scheduler_process",
+                  "scheduler = Scheduler(server_args, port_args, gpu_id, tp_rank, moe_ep_rank, pp_rank, dp_rank)"),
+                 ("sglang/srt/model_executor/model_runner_components/cuda_graph_setup.py", 780,
+                  "capture_decode_graph", "runner = GraphRunnerCls(model_runner)"),
+                 ("sglang/srt/model_executor/runner/decode_cuda_graph_runner.py", 602, "__init__",
+                  "raise Exception(")],
+                f"Exception: Capture cuda graph failed: {cap['message']}\n{CAPTURE_FAILED_HINTS}",
+                rank=ranks[0], prefix="Scheduler hit an exception: ", sigquit=True)
+        mem_use = 0.42 + 0.004 * captured_width * (max(capture_bs) if capture_bs else 1) / 8
+        for r in ranks:
+            log(f"Capture {name} CUDA graph end. bs={capture_bs}, elapsed=2.17 s, mem usage={mem_use:.2f} GB, "
+                f"avail mem={avail - mem_use:.2f} GB.", r)
+        if algo in ("DFLASH", "DDTREE"):
+            for r in ranks:
+                log(f"Capture draft decode CUDA graph begin. backend={backend}, num_tokens_per_req={block_size}, "
+                    f"avail mem={avail - mem_use:.2f} GB", r)
+            for r in ranks:
+                log(f"Capture draft decode CUDA graph end. bs={capture_bs}, elapsed=0.83 s, mem usage=0.12 GB, "
+                    f"avail mem={avail - mem_use - 0.12:.2f} GB.", r)
+    max_running = args.max_running_requests or 256
+    log(f"max_total_num_tokens={MAX_TOTAL_TOKENS}, chunked_prefill_size={args.chunked_prefill_size or 8192}, "
+        f"max_prefill_tokens={args.max_prefill_tokens or 16384}, max_running_requests={max_running}, "
+        f"context_len={args.context_length or model_cfg.get('max_position_embeddings', 262144)}, "
+        f"available_gpu_mem={avail - 0.6:.2f} GB", ranks[0])
+
+    from sglang.lab.server import Emulator
+
+    emu = Emulator(args=args, model=model, algo=algo, width=int(width), captured_width=captured_width,
+                   capture_bs=capture_bs, max_running=max_running, faults=active, tp_prefix=ranks[0],
+                   max_total_tokens=MAX_TOTAL_TOKENS, context_len=args.context_length or
+                   model_cfg.get("max_position_embeddings", 262144))
+    try:
+        asyncio.run(emu.serve())
+    finally:
+        gpu.unregister(os.getpid())

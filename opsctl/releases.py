@@ -1,0 +1,197 @@
+"""Releases on a host: ids, what is live, the ledger, and the deploy lock.
+
+A release id is content-addressed (profile slug + digest of rendered files and
+shipped artifacts), so deploying the same thing twice names the same release and
+changes nothing. The ledger (`<root>/ledger.jsonl`) is append-only and lives on the
+host, so every controller sees the same history.
+"""
+from __future__ import annotations
+
+import getpass
+import hashlib
+import json
+import os
+import shlex
+import socket
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import PurePosixPath
+from typing import Any
+
+from opsctl.config import HostConfig
+from opsctl.errors import HostError, LockHeldError
+from opsctl.hosts import Connection, SSHConnection
+
+
+def release_id(profile_slug: str, rendered_digest: str, runtime_sha: str | None, drafter_digest: str | None) -> str:
+    h = hashlib.sha256("\0".join([rendered_digest, runtime_sha or "-", drafter_digest or "-"]).encode())
+    return f"{profile_slug}-{h.hexdigest()[:10]}"
+
+
+def who() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no passwd entry in some containers
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class ReleaseInfo:
+    id: str
+    manifest: dict
+
+    @property
+    def profile(self) -> str:
+        return self.manifest.get("profile", {}).get("name", "?")
+
+    @property
+    def kind(self) -> str:
+        return self.manifest.get("profile", {}).get("kind", "?")
+
+    @property
+    def budget(self) -> int | None:
+        return self.manifest.get("profile", {}).get("budget")
+
+    @property
+    def label(self) -> str:
+        return f"{self.profile} --budget {self.budget}" if self.budget else self.profile
+
+    @property
+    def created_at(self) -> str:
+        return self.manifest.get("created_at", "")
+
+
+@dataclass
+class HostState:
+    current: str | None
+    releases: dict[str, ReleaseInfo] = field(default_factory=dict)
+    ledger: list[dict] = field(default_factory=list)
+    service: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def current_release(self) -> ReleaseInfo | None:
+        return self.releases.get(self.current) if self.current else None
+
+    def last_good(self, exclude: str | None = None) -> str | None:
+        """The newest release that was promoted (passed its gates) or put back by a
+        rollback, other than `exclude`, that still exists on the host."""
+        for rec in reversed(self.ledger):
+            rel = rec.get("to_release")
+            if rec.get("action") in ("promote", "rollback") and rec.get("result") == "ok" and rel \
+                    and rel != exclude and rel in self.releases:
+                return rel
+        return None
+
+    def baseline(self, baseline_profile: str) -> str | None:
+        cands = [r for r in self.releases.values() if r.profile == baseline_profile]
+        cands.sort(key=lambda r: r.created_at)
+        good = {rec.get("to_release") for rec in self.ledger if rec.get("result") == "ok"}
+        preferred = [r for r in cands if r.id in good]
+        return (preferred or cands)[-1].id if (preferred or cands) else None
+
+    def last_verdict(self) -> dict | None:
+        for rec in reversed(self.ledger):
+            if rec.get("action") == "verdict":
+                return rec
+        return None
+
+
+def read_state(conn: Connection, host: HostConfig) -> HostState:
+    root = host.install_root
+    script = (
+        f"cd {root} 2>/dev/null || exit 0; echo CURRENT=$(basename \"$(readlink current 2>/dev/null)\" 2>/dev/null); "
+        f"for m in releases/*/manifest.json; do [ -f \"$m\" ] && echo \"MANIFEST $(dirname $m) $(tr -d '\\n' < $m)\"; done; "
+        f"[ -f ledger.jsonl ] && sed 's/^/LEDGER /' ledger.jsonl; "
+        f"echo SERVICE $(systemctl show {host.unit_name} -p ActiveState -p SubState -p NRestarts -p MainPID "
+        f"-p ActiveEnterTimestamp -p UnitFileState --value 2>/dev/null | tr '\\n' '|'); true"
+    )
+    res = conn.run(script, check=False)
+    state = HostState(current=None)
+    for line in res.stdout.splitlines():
+        if line.startswith("CURRENT="):
+            state.current = line.split("=", 1)[1].strip() or None
+        elif line.startswith("MANIFEST "):
+            _, d, body = line.split(" ", 2)
+            try:
+                state.releases[PurePosixPath(d).name] = ReleaseInfo(PurePosixPath(d).name, json.loads(body))
+            except ValueError:
+                continue
+        elif line.startswith("LEDGER "):
+            try:
+                state.ledger.append(json.loads(line[7:]))
+            except ValueError:
+                continue
+        elif line.startswith("SERVICE "):
+            vals = line[8:].split("|")
+            keys = ["ActiveState", "SubState", "NRestarts", "MainPID", "ActiveEnterTimestamp", "UnitFileState"]
+            state.service = dict(zip(keys, (v.strip() for v in vals)))
+    if state.current == "" or state.current == ".":
+        state.current = None
+    return state
+
+
+def append_ledger(conn: Connection, host: HostConfig, record: dict[str, Any]) -> dict:
+    rec = {"ts": now_iso(), "host": host.name, "who": who(), **record}
+    line = json.dumps(rec, sort_keys=False, default=str)
+    conn.run(f"mkdir -p {host.install_root} && cat >> {host.install_root}/ledger.jsonl", stdin=line + "\n")
+    return rec
+
+
+class HostLock:
+    """flock on `<root>/.lock`, held by a long-running SSH command for as long as the
+    deploy runs; it is released when the controller exits or dies (the channel closes)."""
+
+    def __init__(self, conn: Connection, host: HostConfig, action: str):
+        self.conn, self.host, self.action = conn, host, action
+        self._channel = None
+
+    def __enter__(self) -> "HostLock":
+        if not isinstance(self.conn, SSHConnection):  # local connections: tests only
+            return self
+        root = self.host.install_root
+        holder = json.dumps({"who": who(), "pid": os.getpid(), "action": self.action, "since": now_iso()})
+        fab = self.conn._connection()
+        transport = fab.client.get_transport()
+        chan = transport.open_session()
+        chan.exec_command(
+            f"mkdir -p {root} && exec flock -n -E 75 {root}/.lock "
+            f"sh -c 'printf %s {shlex.quote(holder)} > {root}/.lock.holder; echo LOCKED; exec cat >/dev/null'")
+        buf = b""
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if chan.recv_ready():
+                buf += chan.recv(1024)
+                if b"LOCKED" in buf:
+                    self._channel = chan
+                    return self
+            if chan.exit_status_ready():
+                break
+            time.sleep(0.02)
+        rc = chan.recv_exit_status() if chan.exit_status_ready() else -1
+        chan.close()
+        if rc == 75:
+            held = self.conn.run(f"cat {root}/.lock.holder 2>/dev/null", check=False).stdout.strip()
+            try:
+                info = json.loads(held)
+                desc = f"{info.get('who')} (pid {info.get('pid')}, {info.get('action')} since {info.get('since')})"
+            except ValueError:
+                desc = "another opsctl run"
+            raise LockHeldError(f"host {self.host.name} is locked by {desc}",
+                                "wait for that run to finish ('opsctl status' shows progress), then try again")
+        raise HostError(f"could not take the deploy lock on {self.host.name} (exit {rc})",
+                        "check that flock (util-linux) is installed on the host")
+
+    def __exit__(self, *exc) -> None:
+        if self._channel is not None:
+            try:
+                self._channel.shutdown_write()
+                self._channel.close()
+            except Exception:  # noqa: BLE001 - the lock dies with the channel anyway
+                pass
+            self._channel = None

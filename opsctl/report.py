@@ -1,0 +1,204 @@
+"""Bench reports: a PNG plot (output tok/s and ITL p50 vs concurrency, release
+against baseline, log-2 x axis), a Markdown and an HTML summary with the
+verdict and the per-level table, and `compare(a, b)` per-level deltas."""
+from __future__ import annotations
+
+import html as _html
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from opsctl.bench.results import BenchRun
+from opsctl.gates import Verdict
+
+PLOT_SIZE_IN = (10.0, 4.0)
+PLOT_DPI = 100
+PLOT_PIXELS = (int(PLOT_SIZE_IN[0] * PLOT_DPI), int(PLOT_SIZE_IN[1] * PLOT_DPI))  # (width, height)
+
+
+class LevelDelta(BaseModel):
+    concurrency: int
+    a_tok_s: float | None
+    b_tok_s: float | None
+    tok_s_delta_pct: float | None
+    a_itl_p50_ms: float | None
+    b_itl_p50_ms: float | None
+    itl_delta_pct: float | None
+    a_ttft_p50_ms: float | None
+    b_ttft_p50_ms: float | None
+    a_accept: float | None
+    b_accept: float | None
+    a_errors: int = 0
+    b_errors: int = 0
+
+
+def _pct(new: float | None, old: float | None) -> float | None:
+    if new is None or old is None or old == 0:
+        return None
+    return (new / old - 1.0) * 100.0
+
+
+def compare(a: BenchRun, b: BenchRun) -> list[LevelDelta]:
+    """Per-level deltas of B relative to A (A is the reference, e.g. the baseline),
+    on the medians over repeats; levels present in either run."""
+    am = {lv.level: lv for lv in a.median().levels}
+    bm = {lv.level: lv for lv in b.median().levels}
+    out = []
+    for c in sorted(set(am) | set(bm)):
+        x, y = am.get(c), bm.get(c)
+        out.append(LevelDelta(
+            concurrency=c,
+            a_tok_s=x and x.output_throughput, b_tok_s=y and y.output_throughput,
+            tok_s_delta_pct=_pct(y and y.output_throughput, x and x.output_throughput),
+            a_itl_p50_ms=x and x.median_itl_ms, b_itl_p50_ms=y and y.median_itl_ms,
+            itl_delta_pct=_pct(y and y.median_itl_ms, x and x.median_itl_ms),
+            a_ttft_p50_ms=x and x.median_ttft_ms, b_ttft_p50_ms=y and y.median_ttft_ms,
+            a_accept=x.accept if x else None, b_accept=y.accept if y else None,
+            a_errors=x.errors if x else 0, b_errors=y.errors if y else 0))
+    return out
+
+
+def _label(run: BenchRun, default: str) -> str:
+    m = run.meta
+    return str(m.get("release") or m.get("profile") or m.get("label") or default)
+
+
+# --------------------------------------------------------------------------- PNG
+def plot_png(run: BenchRun, path: str | Path, baseline: BenchRun | None = None, *, title: str | None = None) -> Path:
+    """Write the plot; its size is exactly PLOT_PIXELS (width, height)."""
+    import matplotlib
+    matplotlib.use("Agg", force=True)
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fig = Figure(figsize=PLOT_SIZE_IN, dpi=PLOT_DPI)
+    ax_tok, ax_itl = fig.subplots(1, 2)
+    series = [(run.median(), _label(run, "release"), "tab:blue", "o-")]
+    if baseline is not None:
+        series.append((baseline.median(), _label(baseline, "baseline") + " (baseline)", "tab:gray", "s--"))
+    levels: set[int] = set()
+    for r, label, color, style in series:
+        xs = [lv.level for lv in r.levels]
+        levels.update(xs)
+        ax_tok.plot(xs, [lv.output_throughput for lv in r.levels], style, color=color, label=label)
+        ax_itl.plot(xs, [lv.median_itl_ms for lv in r.levels], style, color=color, label=label)
+    ticks = sorted(levels) or [1]
+    for ax, ylabel in ((ax_tok, "output tokens/s"), (ax_itl, "ITL p50 (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    ax_tok.set_title("output throughput")
+    ax_itl.set_title("inter-token latency (p50)")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(p, format="png", dpi=PLOT_DPI)
+    return p
+
+
+# --------------------------------------------------------------------------- Markdown / HTML
+def _fmt(v: float | None, fmt: str) -> str:
+    return "-" if v is None else fmt % v
+
+
+def _table_rows(run: BenchRun, baseline: BenchRun | None, verdict: Verdict | None) -> tuple[list[str], list[list[str]]]:
+    if verdict is not None and verdict.rows:
+        head = ["C", "baseline tok/s", "release tok/s", "delta", "baseline ITL p50", "release ITL p50",
+                "accept len", "errors", "status"]
+        rows = [[str(r.concurrency), _fmt(r.baseline_tok_s, "%.1f"), _fmt(r.candidate_tok_s, "%.1f"),
+                 _fmt(r.delta_pct, "%+.1f%%"), _fmt(r.baseline_itl_p50_ms, "%.2f ms"),
+                 _fmt(r.candidate_itl_p50_ms, "%.2f ms"), _fmt(r.accept_length, "%.2f"), str(r.errors), r.status]
+                for r in verdict.rows]
+        return head, rows
+    if baseline is not None:
+        head = ["C", "baseline tok/s", "release tok/s", "delta", "baseline ITL p50", "release ITL p50",
+                "accept len", "errors"]
+        rows = [[str(d.concurrency), _fmt(d.a_tok_s, "%.1f"), _fmt(d.b_tok_s, "%.1f"),
+                 _fmt(d.tok_s_delta_pct, "%+.1f%%"), _fmt(d.a_itl_p50_ms, "%.2f ms"), _fmt(d.b_itl_p50_ms, "%.2f ms"),
+                 _fmt(d.b_accept, "%.2f"), str(d.b_errors)] for d in compare(baseline, run)]
+        return head, rows
+    head = ["C", "tok/s", "req/s", "TTFT p50", "ITL p50", "E2E p50", "accept len", "errors", "repeats"]
+    rows = [[str(lv.level), "%.1f" % lv.output_throughput, "%.2f" % lv.request_throughput,
+             "%.1f ms" % lv.median_ttft_ms, "%.2f ms" % lv.median_itl_ms, "%.1f ms" % lv.median_e2e_latency_ms,
+             _fmt(lv.accept, "%.2f"), str(lv.errors), str(lv.repeats_merged)] for lv in run.median().levels]
+    return head, rows
+
+
+def markdown(run: BenchRun, baseline: BenchRun | None = None, verdict: Verdict | None = None,
+             *, plot_name: str | None = None) -> str:
+    lines = [f"# Bench report: {_label(run, 'release')}", ""]
+    if baseline is not None:
+        lines += [f"Baseline: {_label(baseline, 'baseline')}", ""]
+    if verdict is not None:
+        lines += [f"**Verdict: {verdict.status.upper()}** ({verdict.profile_kind})", ""]
+        lines += [f"- {r}" for r in verdict.reasons]
+        lines += [f"- note: {n}" for n in verdict.notes]
+        if verdict.reasons or verdict.notes:
+            lines.append("")
+    head, rows = _table_rows(run, baseline, verdict)
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "|".join(" --- " for _ in head) + "|")
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    if run.canary is not None:
+        c = run.canary
+        lines.append("")
+        if c.error:
+            lines.append(f"Canary: error: {c.error}")
+        elif c.mismatch:
+            lines.append(f"Canary: MISMATCH at prompt {c.mismatch['prompt']}, token {c.mismatch['position']}")
+        else:
+            lines.append(f"Canary: {len(c.prompts)} prompts" + (", identical to the baseline" if c.compared else ""))
+    if plot_name:
+        lines += ["", f"![throughput and ITL vs concurrency]({plot_name})"]
+    return "\n".join(lines) + "\n"
+
+
+def html(run: BenchRun, baseline: BenchRun | None = None, verdict: Verdict | None = None,
+         *, plot_name: str | None = None) -> str:
+    e = _html.escape
+    title = f"Bench report: {_label(run, 'release')}"
+    parts = ["<!doctype html>", "<html><head><meta charset='utf-8'>", f"<title>{e(title)}</title>",
+             "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+             "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
+             ".pass{color:#070}.marginal{color:#b60}.fail{color:#b00}</style></head><body>",
+             f"<h1>{e(title)}</h1>"]
+    if baseline is not None:
+        parts.append(f"<p>Baseline: {e(_label(baseline, 'baseline'))}</p>")
+    if verdict is not None:
+        parts.append(f"<p class='{verdict.status}'><b>Verdict: {verdict.status.upper()}</b> "
+                     f"({e(verdict.profile_kind)})</p>")
+        if verdict.reasons or verdict.notes:
+            parts.append("<ul>" + "".join(f"<li>{e(r)}</li>" for r in verdict.reasons)
+                         + "".join(f"<li>note: {e(n)}</li>" for n in verdict.notes) + "</ul>")
+    head, rows = _table_rows(run, baseline, verdict)
+    parts.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>")
+    for r in rows:
+        cls = r[-1] if r[-1] in ("pass", "marginal", "fail") else ""
+        parts.append(f"<tr class='{cls}'>" + "".join(f"<td>{e(x)}</td>" for x in r) + "</tr>")
+    parts.append("</table>")
+    if plot_name:
+        parts.append(f"<p><img src='{e(plot_name)}' alt='throughput and ITL vs concurrency'></p>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def write_report(run: BenchRun, out_dir: str | Path, baseline: BenchRun | None = None,
+                 verdict: Verdict | None = None, *, name: str = "report") -> dict[str, Path]:
+    """Write `<name>.png`, `<name>.md` and `<name>.html` into out_dir."""
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    png = plot_png(run, d / f"{name}.png", baseline,
+                   title=None if verdict is None else f"{_label(run, 'release')}: {verdict.status}")
+    md = d / f"{name}.md"
+    md.write_text(markdown(run, baseline, verdict, plot_name=png.name), encoding="utf-8")
+    ht = d / f"{name}.html"
+    ht.write_text(html(run, baseline, verdict, plot_name=png.name), encoding="utf-8")
+    return {"png": png, "markdown": md, "html": ht}

@@ -1,0 +1,24 @@
+"""Write a Rendered release to a local directory (for `opsctl render --out`)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from opsctl.render import Rendered
+
+
+def write_rendered(rendered: Rendered, out: Path) -> list[Path]:
+    written = []
+    for host_path, text in rendered.files.items():
+        target = out / host_path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        written.append(target)
+    link = out / rendered.unit_link.lstrip("/")
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    os.symlink(os.path.relpath(out / (str(rendered.install_root / "current" / rendered.unit_name)).lstrip("/"),
+                               link.parent), link)
+    written.append(link)
+    return written
