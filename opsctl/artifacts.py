@@ -231,7 +231,9 @@ def sync_drafter(conn: Connection, host: HostConfig, source: Path, manifest: Dra
         with tempfile.NamedTemporaryFile("w", suffix=".list") as flist:
             flist.write("\n".join(plan["send"]) + "\n")
             flist.flush()
+            limit = host.settings.transfer_limit_mib_s
             cmd = ["rsync", "-a", "--partial-dir=.rsync-partial", "--stats", "--files-from", flist.name,
+                   *([f"--bwlimit={max(1, int(limit * 1024))}"] if limit else []),
                    "-e", " ".join(shlex.quote(a) for a in ssh_command(host)),
                    f"{source}/", f"{host.ssh.user}@{host.ssh.address}:{incoming}/"]
             proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=_die_with_parent)

@@ -196,6 +196,7 @@ def stage(conn: Connection, inv: Inventory, plan: Plan, steps: Steps) -> tuple[P
             "opsctl_host_python": str(host.host_python), "opsctl_service_user": s.service_user or "",
             "opsctl_runtime_wheel": str(plan.runtime_wheel) if plan.runtime_wheel else "",
             "opsctl_drafter_digest": plan.drafter.digest if plan.drafter else "",
+            "opsctl_loadgen_src": str(Path(__file__).resolve().parent / "bench" / "loadgen.py"),
             "opsctl_secrets_file": str(s.secrets_file) if s.secrets_file and s.secrets_file.is_file() else "",
         }
         t0 = steps.start("prepare", "ansible playbook prepare.yml")
@@ -252,7 +253,7 @@ def _probe_script(host: HostConfig, since: int) -> str:
           f"    print(urllib.request.urlopen({url!r}, timeout=25).status)\n"
           "except urllib.error.HTTPError as e:\n    print(e.code)\n"
           "except Exception:\n    print(0)\n")
-    return (f"systemctl show {unit} -p ActiveState -p SubState -p NRestarts -p MainPID -p Result --value | tr '\\n' ' '; "
+    return (f"systemctl show {unit} -p ActiveState -p SubState -p NRestarts -p MainPID -p Result | tr '\\n' ' '; "
             f"echo; journalctl -u {unit} --since @{since} -o cat --no-pager 2>/dev/null | "
             f"grep -c -e {shlex.quote(READY_LINE)} -e 'Capture cuda graph failed' -e 'Traceback' | tr -d '\\n'; echo; "
             f"journalctl -u {unit} --since @{since} -o cat --no-pager 2>/dev/null | "
@@ -277,8 +278,9 @@ def wait_ready(conn: Connection, host: HostConfig, profile: Profile, since: int,
     while True:
         res = conn.run(_probe_script(host, since), check=False, timeout=60)
         lines = res.stdout.splitlines() + [""] * 5
-        fields = lines[0].split()
-        active, sub, restarts, pid = (fields + ["", "", "0", "0"])[:4]
+        props = dict(f.split("=", 1) for f in lines[0].split() if "=" in f)
+        active, sub = props.get("ActiveState", ""), props.get("SubState", "")
+        restarts, pid = props.get("NRestarts", "0"), props.get("MainPID", "0")
         error_line = lines[2].strip()
         ready_lines = int(lines[3].strip() or 0) if lines[3].strip().isdigit() else 0
         code = lines[4].strip()
@@ -584,3 +586,22 @@ def history(inventory: str | Path | Inventory, *, limit: str | None = None, last
         recs = state.ledger[-last:] if last else state.ledger
         out.extend(recs)
     return out
+
+
+def validate_live(inventory: str | Path | Inventory, limit: str | None = None):
+    """Findings for the live release of each selected host (see gating.validate_live)."""
+    from opsctl import gating
+
+    inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
+    return gating.validate_live(inv, limit)
+
+
+def bench_live(inventory: str | Path | Inventory, *, limit: str | None = None, overrides: dict | None = None,
+               prompt_file: Path | None = None, save_baseline: bool = False, on_host: bool = True,
+               progress: Callable[[Any], None] | None = None) -> dict:
+    """Bench the live release of each selected host (see gating.bench_live)."""
+    from opsctl import gating
+
+    inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
+    return gating.bench_live(inv, limit=limit, overrides=overrides, prompt_file=prompt_file,
+                             save_baseline_run=save_baseline, on_host=on_host, progress=progress)

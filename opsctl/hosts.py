@@ -12,7 +12,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from opsctl.errors import HostError
 
@@ -47,13 +47,30 @@ class Connection(Protocol):
     name: str
 
     def run(self, command: str, *, check: bool = True, timeout: float | None = None,
-            stdin: str | None = None) -> Result: ...
+            stdin: str | None = None, on_stderr_line: Callable[[str], None] | None = None) -> Result: ...
 
     def put(self, local: str | Path, remote: str, *, mode: int | None = None) -> Result: ...
 
     def get(self, remote: str, local: str | Path) -> Result: ...
 
     def close(self) -> None: ...
+
+
+class _LineWriter:
+    """A file-like sink that calls back once per complete line."""
+
+    def __init__(self, callback: Callable[[str], None]):
+        self.callback, self.buf = callback, ""
+
+    def write(self, data: str) -> int:
+        self.buf += data
+        while "\n" in self.buf:
+            line, self.buf = self.buf.split("\n", 1)
+            self.callback(line)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
 
 
 @dataclass
@@ -63,12 +80,15 @@ class LocalConnection:
     name: str = "localhost"
 
     def run(self, command: str, *, check: bool = True, timeout: float | None = None,
-            stdin: str | None = None) -> Result:
+            stdin: str | None = None, on_stderr_line: Callable[[str], None] | None = None) -> Result:
         start = time.monotonic()
         try:
             proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
                                   timeout=timeout, input=stdin)
             rc, out, err = proc.returncode, proc.stdout, proc.stderr
+            if on_stderr_line:
+                for line in err.splitlines():
+                    on_stderr_line(line)
         except subprocess.TimeoutExpired as exc:
             rc, out, err = 124, str(exc.stdout or ""), f"timed out after {timeout}s"
         result = Result(command, rc, out, err, time.monotonic() - start, self.name)
@@ -141,12 +161,14 @@ class SSHConnection:
         return conn
 
     def run(self, command: str, *, check: bool = True, timeout: float | None = None,
-            stdin: str | None = None) -> Result:
+            stdin: str | None = None, on_stderr_line: Callable[[str], None] | None = None) -> Result:
         import io
 
         conn = self._connection()
         start = time.monotonic()
         kwargs: dict = {"hide": True, "warn": True, "in_stream": io.StringIO(stdin) if stdin is not None else False}
+        if on_stderr_line:  # stream stderr lines as they arrive (progress of long remote steps)
+            kwargs.update(hide="stdout", err_stream=_LineWriter(on_stderr_line))
         if timeout:
             kwargs["timeout"] = timeout
         try:

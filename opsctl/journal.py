@@ -87,6 +87,10 @@ class CaptureEvent:
     def rank(self) -> str:
         return self.line.rank
 
+    @property
+    def timestamp(self) -> datetime | None:
+        return self.line.timestamp
+
 
 @dataclass
 class Capture:
@@ -174,6 +178,10 @@ class DecodeLine:
     @property
     def rank(self) -> str:
         return self.line.rank
+
+    @property
+    def timestamp(self) -> datetime | None:
+        return self.line.timestamp
 
 
 @dataclass(frozen=True)
@@ -301,6 +309,8 @@ def lines_from_text(text: str) -> list[LogLine]:
         if m:
             msg, ident = m["msg"], m["ident"]
             pid = int(m["pid"]) if m["pid"] else None
+            if pid == 1:  # `-o with-unit` names PID 1 `init.scope`
+                ident = "systemd"
             if m["iso"]:
                 jts = _parse_iso(m["iso"])
             else:
@@ -419,7 +429,7 @@ def parse_capture(line: LogLine) -> CaptureEvent | None:
     return None
 
 
-_DECODE_HEAD = re.compile(r"^Decode batch(?: \[\d+\])?,\s*")
+_DECODE_HEAD = re.compile(r"^Decode batch(?: \[\d+\])?[,.]\s*")  # older releases: `Decode batch. #running-req: ...`
 
 
 def _num(value: str | None, cast):
@@ -495,6 +505,7 @@ def parse_lines(lines: list[LogLine]) -> ParsedJournal:
     current_pid: int | None = None
     seen_server_args = False
     open_tracebacks: dict[int | None, Failure] = {}  # pid -> traceback awaiting its exception line
+    last_traceback: dict[int | None, Failure] = {}
     open_captures: dict[tuple, list[Capture]] = {}
     pending_bs: dict[tuple, tuple[int, ...]] = {}
 
@@ -526,16 +537,22 @@ def parse_lines(lines: list[LogLine]) -> ParsedJournal:
         # a traceback's continuation lines carry no rank prefix: follow it by process
         key = line.pid
         tb = open_tracebacks.get(key)
+        if tb is None and line.bare and text.startswith(("During handling of", "The above exception")):
+            tb = last_traceback.get(key)  # a chained exception continues the same failure
+            if tb is not None:
+                open_tracebacks[key] = tb
         if tb is not None and line.bare and tb.line.rank:  # attribute the frames and exception to the rank
             line = replace(line, rank=tb.line.rank, tp_rank=tb.line.tp_rank)
             result.lines[-1] = line
         if (tb is not None and line.bare and text and not line.text.startswith((" ", "\t"))
                 and not _TB_NOISE.match(text)):
-            # the first unindented line after the frames names the exception
-            result.failures[result.failures.index(tb)] = replace(tb, summary=text)
+            # the first unindented line after the frames names the exception (the last one, when chained)
+            closed = replace(tb, summary=text)
+            result.failures[result.failures.index(tb)] = closed
+            last_traceback[key] = closed
             del open_tracebacks[key]
         tb_start = "Traceback (most recent call last)" in text
-        if tb_start and key not in open_tracebacks:  # a chained traceback is the same failure
+        if tb_start and key not in open_tracebacks:
             f = Failure("traceback", line, text)
             result.failures.append(f)
             open_tracebacks[key] = f
@@ -650,12 +667,15 @@ def load_file(path: str | Path) -> ParsedJournal:
     return parse(text)
 
 
-def journal_command(unit: str, since: str) -> str:
+def journal_command(unit: str, since: str | int | float) -> str:
+    if isinstance(since, (int, float)):  # epoch seconds, as the deploy records a release's start
+        since = f"@{int(since)}"
     return f"journalctl -u {shlex.quote(unit)} -o json --since {shlex.quote(since)} --no-pager"
 
 
-def read_journal(conn: "Connection", unit: str, since: str, *, timeout: float = 60) -> list[dict]:
-    """The unit's journal entries since `since` (any `journalctl --since` value), read over `conn`."""
+def read_journal(conn: "Connection", unit: str, since: str | int | float, *, timeout: float = 60) -> list[dict]:
+    """The unit's journal entries since `since` (any `journalctl --since` value, or epoch seconds),
+    read over `conn`. Parse them with `parse(entries)`."""
     res = conn.run(journal_command(unit, since), check=False, timeout=timeout)
     if not res.ok:
         tail = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:] or [""]

@@ -84,7 +84,7 @@ def run_playbook(inventory: Inventory, host: HostConfig, playbook: str, extravar
         "ANSIBLE_RETRY_FILES_ENABLED": "False",
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_PIPELINING": "True",
-        "ANSIBLE_PYTHON_INTERPRETER": "auto_silent",
+        "ANSIBLE_PYTHON_INTERPRETER": str(host.host_python),  # the inventory says which python the host has
         "ANSIBLE_TIMEOUT": "10",
     }
     steps: list[PlayStep] = []
@@ -109,7 +109,10 @@ def run_playbook(inventory: Inventory, host: HostConfig, playbook: str, extravar
         t0 = started.pop(data.get("task_uuid", task), time.monotonic())
         msg = ""
         if status in ("failed", "unreachable"):
-            msg = str(res.get("msg") or res.get("stderr") or res.get("module_stderr") or "")[:400]
+            items = [r for r in res.get("results", []) if isinstance(r, dict) and r.get("failed")]
+            first = items[0] if items else res
+            msg = str(first.get("module_stderr") or first.get("stderr") or first.get("msg") or "")
+            msg = " ".join(msg.split())[:400]
         step = PlayStep(task, status, time.monotonic() - t0, msg.strip())
         steps.append(step)
         if progress:

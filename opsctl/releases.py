@@ -109,7 +109,7 @@ def read_state(conn: Connection, host: HostConfig) -> HostState:
         f"for m in releases/*/manifest.json; do [ -f \"$m\" ] && echo \"MANIFEST $(dirname $m) $(tr -d '\\n' < $m)\"; done; "
         f"[ -f ledger.jsonl ] && sed 's/^/LEDGER /' ledger.jsonl; "
         f"echo SERVICE $(systemctl show {host.unit_name} -p ActiveState -p SubState -p NRestarts -p MainPID "
-        f"-p ActiveEnterTimestamp -p UnitFileState --value 2>/dev/null | tr '\\n' '|'); true"
+        f"-p ActiveEnterTimestamp -p UnitFileState 2>/dev/null | tr '\\n' '|'); true"
     )
     res = conn.run(script, check=False)
     state = HostState(current=None)
@@ -128,9 +128,7 @@ def read_state(conn: Connection, host: HostConfig) -> HostState:
             except ValueError:
                 continue
         elif line.startswith("SERVICE "):
-            vals = line[8:].split("|")
-            keys = ["ActiveState", "SubState", "NRestarts", "MainPID", "ActiveEnterTimestamp", "UnitFileState"]
-            state.service = dict(zip(keys, (v.strip() for v in vals)))
+            state.service = dict(kv.strip().split("=", 1) for kv in line[8:].split("|") if "=" in kv)
     if state.current == "" or state.current == ".":
         state.current = None
     return state
@@ -159,9 +157,8 @@ class HostLock:
         fab = self.conn._connection()
         transport = fab.client.get_transport()
         chan = transport.open_session()
-        chan.exec_command(
-            f"mkdir -p {root} && exec flock -n -E 75 {root}/.lock "
-            f"sh -c 'printf %s {shlex.quote(holder)} > {root}/.lock.holder; echo LOCKED; exec cat >/dev/null'")
+        inner = f"printf %s {shlex.quote(holder)} > {root}/.lock.holder; echo LOCKED; exec cat >/dev/null"
+        chan.exec_command(f"mkdir -p {root} && exec flock -n -E 75 {root}/.lock sh -c {shlex.quote(inner)}")
         buf = b""
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import math
 import os
@@ -59,7 +60,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import urlsplit
 
 __all__ = [
-    "LoadSpec", "RequestResult", "ProgressEvent", "run", "run_async", "compute_metrics",
+    "LoadSpec", "RequestResult", "ProgressEvent", "run", "run_async", "run_level", "compute_metrics",
     "make_prompts", "load_prompt_file", "canary_prompts", "run_canary", "run_canary_async",
     "compare_canary", "fetch_accept_lengths", "parse_prometheus", "http_json", "main",
 ]
@@ -94,6 +95,7 @@ class LoadSpec:
     ignore_eos: bool = True
     canary_file: Optional[str] = None  # prompts (+ reference outputs) for the greedy canary
     canary_prompts: int = 0            # or generate this many canary prompts from the seed
+    canary_input_len: int = 64
     canary_output_len: int = 32
     tag: Optional[str] = None
 
@@ -131,12 +133,13 @@ class RequestResult:
     prompt_len: int = 0
     spec_verify_ct: int = 0
     output_ids: List[int] = field(default_factory=list)
+    meta: Dict[str, Any] = field(default_factory=dict)   # meta_info of the final event
 
 
 @dataclass
 class ProgressEvent:
     """`kind` is one of warmup_start, warmup_end, level_start, request_done,
-    level_end, canary_start, canary_end."""
+    level_end, canary_start, canary_request_done, canary_end."""
 
     kind: str
     concurrency: int = 0
@@ -169,6 +172,36 @@ async def _read_more(reader: asyncio.StreamReader, deadline: float, idle: float)
     if remaining <= 0:
         raise asyncio.TimeoutError()
     return await asyncio.wait_for(reader.read(_READ_SIZE), min(remaining, idle))
+
+
+class _Watchdog:
+    """Aborts a stream's transport at its deadline or after `idle` seconds without
+    data. One timer per idle period instead of a wait_for() per read, which is
+    a third of the client's CPU per token at C=256."""
+
+    def __init__(self, transport: Any, deadline: float, idle: float):
+        self.loop = asyncio.get_running_loop()
+        self.transport, self.deadline, self.idle = transport, deadline, idle
+        self.last = time.perf_counter()
+        self.fired = False
+        self.handle = None
+        self._arm()
+
+    def _arm(self) -> None:
+        due = min(self.deadline, self.last + self.idle)
+        self.handle = self.loop.call_later(max(0.0, due - time.perf_counter()), self._check)
+
+    def _check(self) -> None:
+        now = time.perf_counter()
+        if now < self.deadline and now - self.last < self.idle:
+            self._arm()
+            return
+        self.fired = True
+        self.transport.abort()
+
+    def cancel(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
 
 
 async def _open_request(host: str, port: int, method: str, path: str, body: Optional[bytes],
@@ -318,6 +351,7 @@ async def stream_generate(url: str, payload: Dict[str, Any], timeout: float = 30
     res = RequestResult()
     host, port, prefix = _split_url(url)
     body = json.dumps(dict(payload, stream=True)).encode()
+    dog: Optional[_Watchdog] = None
     st = time.perf_counter()
     res.start_time = st
     dl = st + timeout if deadline is None else min(deadline, st + timeout)
@@ -336,6 +370,9 @@ async def stream_generate(url: str, payload: Dict[str, Any], timeout: float = 30
             res.error = "HTTP %d: %s" % (status, text[:300].decode("utf-8", "replace").strip())
             return res
         dec = _BodyDecoder(mode, length)
+        if time.perf_counter() >= dl:
+            raise asyncio.TimeoutError()
+        dog = _Watchdog(writer.transport, dl, idle_timeout)
         sse = bytearray()
         last_len = 0
         most_recent = st
@@ -384,10 +421,14 @@ async def stream_generate(url: str, payload: Dict[str, Any], timeout: float = 30
                             last_len = n
                 if finished or dec.done:
                     break
-            data = await _read_more(reader, dl, idle_timeout)
+            data = await reader.read(_READ_SIZE)
             if not data:
-                break  # EOF
+                break  # EOF (or the watchdog aborted the stream)
+            dog.last = time.perf_counter()
         res.latency = time.perf_counter() - st
+        dog.cancel()
+        if dog.fired:
+            raise asyncio.TimeoutError()
         res.output_len = last_len
         if last_event is not None:
             try:
@@ -395,6 +436,7 @@ async def stream_generate(url: str, payload: Dict[str, Any], timeout: float = 30
             except ValueError:
                 final = {}
             meta = final.get("meta_info") or {}
+            res.meta = meta if isinstance(meta, dict) else {}
             res.prompt_len = int(meta.get("prompt_tokens") or 0)
             res.spec_verify_ct = int(meta.get("spec_verify_ct") or 0)
             if keep_output_ids and isinstance(final.get("output_ids"), list):
@@ -414,6 +456,8 @@ async def stream_generate(url: str, payload: Dict[str, Any], timeout: float = 30
         res.error = "%s: %s" % (type(e).__name__, e)
         return res
     finally:
+        if dog is not None:
+            dog.cancel()
         if writer is not None:
             writer.close()
 
@@ -616,6 +660,13 @@ def _payload(prompt: Dict[str, Any], output_len: int, ignore_eos: bool, temperat
                                          "ignore_eos": ignore_eos})
 
 
+async def run_level(spec: LoadSpec, concurrency: int, prompts: List[Dict[str, Any]],
+                    on_done: Optional[Callable[[RequestResult], None]] = None) -> Tuple[List[RequestResult], float]:
+    """Run `prompts` with at most `concurrency` in flight; returns every request's
+    result and the level's wall duration (first send to last completion)."""
+    return await _run_batch(spec, concurrency, prompts, on_done, time.perf_counter() + spec.level_timeout_s)
+
+
 async def _run_batch(spec: LoadSpec, concurrency: int, prompts: List[Dict[str, Any]],
                      on_done: Optional[Callable[[RequestResult], None]], deadline: float) -> Tuple[List[RequestResult], float]:
     n = len(prompts)
@@ -637,9 +688,19 @@ async def _run_batch(spec: LoadSpec, concurrency: int, prompts: List[Dict[str, A
             if on_done is not None:
                 on_done(r)
 
-    t0 = time.perf_counter()
-    await asyncio.gather(*[worker() for _ in range(min(concurrency, n))])
-    return [r if r is not None else RequestResult(error="not run") for r in results], time.perf_counter() - t0
+    # A cyclic-GC pause inside a level would show up as a latency spike of the
+    # server; collect before the level and not during it (a level is bounded).
+    gc_was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        await asyncio.gather(*[worker() for _ in range(min(concurrency, n))])
+        duration = time.perf_counter() - t0
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return [r if r is not None else RequestResult(error="not run") for r in results], duration
 
 
 def _prompt_source(spec: LoadSpec):
@@ -760,7 +821,7 @@ async def run_canary_async(url: str, prompts: Sequence[Sequence[int]], max_new_t
             raise RuntimeError("canary prompt %d: response has no output_ids" % i)
         outs.append([int(x) for x in ids])
         if progress is not None:
-            progress(ProgressEvent("request_done", 1, 0, i + 1, len(prompts)))
+            progress(ProgressEvent("canary_request_done", 1, 0, i + 1, len(prompts)))
     return outs
 
 
@@ -805,7 +866,8 @@ async def _canary_from_spec(spec: LoadSpec, emit: ProgressFn) -> Optional[Dict[s
         max_new = int(ref.get("max_new_tokens") or spec.canary_output_len)
         expected = ref.get("outputs")
     elif spec.canary_prompts > 0:
-        prompts = canary_prompts(spec.seed, spec.canary_prompts, spec.input_len, spec.vocab_low, spec.vocab_high)
+        prompts = canary_prompts(spec.seed, spec.canary_prompts, spec.canary_input_len, spec.vocab_low,
+                                 spec.vocab_high)
         max_new = spec.canary_output_len
         expected = None
     else:
@@ -853,6 +915,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-file")
     p.add_argument("--canary-file", help="JSON {prompts, max_new_tokens[, outputs]}: decode greedily, compare to outputs")
     p.add_argument("--canary-prompts", type=int, default=0, help="generate N canary prompts from --seed")
+    p.add_argument("--canary-input-len", type=int, default=d.canary_input_len)
     p.add_argument("--canary-output-len", type=int, default=d.canary_output_len)
     p.add_argument("--request-timeout", type=float, default=d.request_timeout_s)
     p.add_argument("--idle-timeout", type=float, default=d.idle_timeout_s)
@@ -870,7 +933,8 @@ def spec_from_args(a: argparse.Namespace) -> LoadSpec:
                     vocab_low=a.vocab_low, vocab_high=a.vocab_high, prompt_file=a.prompt_file,
                     request_timeout_s=a.request_timeout, idle_timeout_s=a.idle_timeout,
                     level_timeout_s=a.level_timeout, ignore_eos=not a.no_ignore_eos, canary_file=a.canary_file,
-                    canary_prompts=a.canary_prompts, canary_output_len=a.canary_output_len, tag=a.tag)
+                    canary_prompts=a.canary_prompts, canary_input_len=a.canary_input_len,
+                    canary_output_len=a.canary_output_len, tag=a.tag)
 
 
 def _stderr_progress() -> ProgressFn:

@@ -16,6 +16,7 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 @dataclass
 class _State:
     json: bool = False
+    emitted: bool = False  # a JSON document already went to stdout
 
 
 STATE = _State()
@@ -35,6 +36,7 @@ def info(message: str) -> None:
 
 
 def emit_json(obj: Any) -> None:
+    STATE.emitted = True
     sys.stdout.write(json.dumps(obj, indent=None, sort_keys=False, default=str) + "\n")
     sys.stdout.flush()
 

@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from opsctl.cli import _common, _output
 from opsctl.errors import CheckFailed, ConfigError
@@ -12,8 +13,9 @@ from opsctl.findings import Finding
 
 
 def _print_findings(findings: list[Finding], title: str) -> None:
-    rows = [["ok" if f.ok else "FAIL", f.check, f.diagnosis, "" if f.ok else f.fix] for f in findings]
-    _output.table(title, ["", "check", "diagnosis", "fix"], rows)
+    # diagnoses quote log text ("[2026-05-30 ... TP0]", "[rank0]"): escape it so rich prints it as is
+    rows = [["ok" if f.ok else "FAIL", f.check, escape(f.diagnosis), "" if f.ok else escape(f.fix)] for f in findings]
+    _output.table(escape(title), ["", "check", "diagnosis", "fix"], rows)
 
 
 def _finish(findings: list[Finding], title: str, json_out: bool) -> None:
@@ -22,13 +24,12 @@ def _finish(findings: list[Finding], title: str, json_out: bool) -> None:
         _output.emit_json({"ok": ok, "findings": [f.model_dump() for f in findings]})
     else:
         _print_findings(findings, title)
+        if ok:
+            _output.info(f"validation passed: {len(findings)} checks")
     if not ok:
         failed = [f for f in findings if not f.ok]
-        if json_out:
-            # stdout already holds the findings object; keep the error handler from adding a second one
-            _output.set_json(False)
-        raise CheckFailed(f"validation failed: {len(failed)} of {len(findings)} checks ({failed[0].check}: "
-                          f"{failed[0].diagnosis})", failed[0].fix or None,
+        raise CheckFailed(f"validation failed: {len(failed)} of {len(findings)} checks "
+                          f"({', '.join(f.check for f in failed)})", failed[0].fix or None,
                           details={"findings": [f.model_dump() for f in failed]})
 
 

@@ -124,8 +124,13 @@ def _recorded_pid() -> int | None:
 
 
 def _is_our_nspawn(pid: int) -> bool:
+    """nspawn for our machine, or our boot script before it execs nspawn."""
     cmd = _cmdline(pid)
-    return bool(cmd) and any("systemd-nspawn" in c for c in cmd[:1]) and f"--machine={C.MACHINE}" in cmd
+    if not cmd:
+        return False
+    if "systemd-nspawn" in cmd[0] and f"--machine={C.MACHINE}" in cmd:
+        return True
+    return str(C.BOOT_SCRIPT) in cmd[:3]
 
 
 def cgroup_dirs() -> list[Path]:
@@ -278,12 +283,23 @@ def leftovers() -> list[str]:
             out.append(f"link: {link}")
     for m in _our_mounts():
         out.append(f"mount: {m}")
-    for d in (Path("/run/systemd/nspawn/propagate") / C.MACHINE, Path("/run/systemd/nspawn/unix-export") / C.MACHINE):
+    for d in _nspawn_runtime_dirs():
         if d.exists():
             out.append(f"dir: {d}")
     for pid_ in _stray_nspawns():
         out.append(f"process: nspawn pid {pid_} for machine {C.MACHINE}")
     return out
+
+
+def _nspawn_runtime_dirs() -> list[Path]:
+    base = Path("/run/systemd/nspawn")
+    return [base / "propagate" / C.MACHINE, base / "unix-export" / C.MACHINE]
+
+
+def _reap(pid: int) -> None:
+    """Collect our own child's exit status (the fixture boots from the test process)."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
 
 
 def _stray_nspawns() -> list[int]:
@@ -309,6 +325,11 @@ def _stop_pid(pid: int, wait_s: float, say: Say) -> None:
         say(f"lab: nspawn pid {pid} did not halt within {wait_s:.0f}s; killing it")
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    for _ in range(20):
+        _reap(pid)
+        if not Path(f"/proc/{pid}").exists():
+            break
+        time.sleep(0.05)
 
 
 def _cleanup(say: Say, halt_wait_s: float = 30) -> None:
@@ -332,12 +353,12 @@ def _cleanup(say: Say, halt_wait_s: float = 30) -> None:
         _run(["ip", "netns", "del", C.NETNS])
     if _link_exists(C.VETH_HOST):
         _run(["ip", "link", "del", C.VETH_HOST])
-    for d in (Path("/run/systemd/nspawn/propagate") / C.MACHINE, Path("/run/systemd/nspawn/unix-export") / C.MACHINE):
+    for d in _nspawn_runtime_dirs():
         shutil.rmtree(d, ignore_errors=True)
     for d in (Path("/run/systemd/nspawn/propagate"), Path("/run/systemd/nspawn/unix-export"),
-              Path("/run/systemd/nspawn"), Path("/run/systemd")):
+              Path("/run/systemd/nspawn/locks"), Path("/run/systemd/nspawn")):
         with contextlib.suppress(OSError):
-            d.rmdir()  # only when empty (nothing else uses it here)
+            d.rmdir()  # only when empty: nothing of anyone else's is touched
     C.PID_FILE.unlink(missing_ok=True)
 
 

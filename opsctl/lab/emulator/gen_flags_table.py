@@ -4,7 +4,7 @@
 Run with a Python that can import sglang 0.5.23 (scripts/sglang-venv builds
 .venv-sglang):
 
-    .venv-sglang/bin/python opsctl/lab/emulator/gen_flags_table.py            # writes the table
+    PYTHONHASHSEED=0 .venv-sglang/bin/python opsctl/lab/emulator/gen_flags_table.py   # writes the table
     .venv-sglang/bin/python opsctl/lab/emulator/gen_flags_table.py --stdout   # prints it
 
 The table (sglang/lab/flags_table.json) lists every argparse action that
@@ -33,6 +33,9 @@ def _jsonable(value):
 
 
 def build_table() -> dict:
+    # this file sits next to the emulator's own `sglang` package: import the REAL one
+    here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
     import sglang
     from sglang.srt.server_args import ServerArgs
 

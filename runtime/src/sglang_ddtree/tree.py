@@ -123,16 +123,46 @@ def build_trees(
     if L < 1:
         raise ValueError("need at least one draft position (L >= 1)")
     K = min(budget, V)
+    global LAST_IMPL
     use_triton = impl == "triton" or (impl == "auto" and _use_triton(draft_logits))
-    if use_triton:
+    top = None
+    if use_triton and not (impl == "auto" and _BROKEN["topk"]):
         from . import triton_kernels as tk
 
-        top_lp, top_id = tk.topk_logsumexp(draft_logits, K)
-        if tk.tree_kernel_supported(L, budget, K):
-            return tk.build_trees_from_top_triton(top_lp, top_id, budget, root_tokens)
-    else:
-        top_lp, top_id = top_log_probs(draft_logits, K)
-    return build_trees_from_top(top_lp, top_id, budget, root_tokens)
+        try:
+            top = tk.topk_logsumexp(draft_logits, K)
+        except Exception as e:  # pragma: no cover - GPU only
+            if impl == "triton":
+                raise
+            _mark_broken("topk", e)
+        if top is not None and tk.tree_kernel_supported(L, budget, K) and not (impl == "auto" and _BROKEN["tree"]):
+            try:
+                out = tk.build_trees_from_top_triton(top[0], top[1], budget, root_tokens)
+                LAST_IMPL = "triton-topk+triton-tree"
+                return out
+            except Exception as e:  # pragma: no cover - GPU only
+                if impl == "triton":
+                    raise
+                _mark_broken("tree", e)
+        if top is not None:
+            LAST_IMPL = "triton-topk+torch-tree"
+    if top is None:
+        top = top_log_probs(draft_logits, K)
+        LAST_IMPL = "torch"
+    return build_trees_from_top(top[0], top[1], budget, root_tokens)
+
+
+LAST_IMPL = ""
+_BROKEN = {"topk": False, "tree": False}
+
+
+def _mark_broken(what: str, e: Exception) -> None:
+    import traceback
+    import warnings
+
+    _BROKEN[what] = True
+    warnings.warn(f"sglang_ddtree: Triton {what} kernel failed, using the torch path: {e!r}")
+    traceback.print_exc()
 
 
 def build_trees_from_top(

@@ -31,9 +31,6 @@ import triton.language as tl
 
 from .tree import DEPTH_EPS, DDTrees
 
-NEG = -1.0e300  # "minus infinity" that survives mantissa packing (finite)
-SENT32 = -3.0e38  # clamp for -inf logits in fp32 packing
-PAD32 = -3.3e38  # padding beyond V (below SENT32)
 
 
 def _next_pow2(n: int) -> int:
@@ -198,7 +195,6 @@ def _tree_kernel(
     EPS: tl.constexpr,
 ):
     b = tl.program_id(0)
-    N: tl.constexpr = B + 1
     lpb = lp_ptr + b * (L * K)
     sc = sc_ptr + b * (LP * BP)
     ps = ps_ptr + b * (LP * BP)
@@ -208,19 +204,21 @@ def _tree_kernel(
     kk = tl.arange(0, KP)
 
     # depth 1 (index 0): the top-K tokens themselves
+    negb = tl.full([BP], -1.0e30, tl.float64)
+    negk = tl.full([KP], -1.0e30, tl.float64)
     beam = tl.load(lpb + bb, mask=bb < K, other=0.0).to(tl.float64)
-    beam = tl.where(bb < K, beam, NEG)
+    beam = tl.where(bb < K, beam, negb)
     tl.store(sc + bb, beam)
     tl.store(ps + bb, tl.zeros([BP], dtype=tl.int32))
     tl.store(rk + bb, bb)
     for d in range(1, L):
         lpd = tl.load(lpb + d * K + kk, mask=kk < K, other=0.0).to(tl.float64)
-        lpd = tl.where(kk < K, lpd, NEG)
+        lpd = tl.where(kk < K, lpd, negk)
         cand = beam[:, None] + lpd[None, :]
         flat = bb[:, None] * KP + kk[None, :]
         t = tl.topk(tl.reshape(_pack64(cand, flat, 12), [BP * KP]), BP)
         s, j = _unpack64(t, 12)
-        s = tl.where(bb < B, s, NEG)
+        s = tl.where(bb < B, s, negb)
         tl.store(sc + d * BP + bb, s)
         tl.store(ps + d * BP + bb, j // KP)
         tl.store(rk + d * BP + bb, j % KP)
@@ -230,14 +228,15 @@ def _tree_kernel(
     # global top-B over all depths (shallower first on ties), depth-major order
     ll = tl.arange(0, LP)
     fl = ll[:, None] * BP + bb[None, :]
-    sall = tl.load(sc + fl, mask=(ll[:, None] < L), other=NEG)
+    lm = (ll[:, None] < L) & (bb[None, :] < BP)
+    sall = tl.load(sc + fl, mask=lm, other=0.0)
+    sall = tl.where(lm, sall, tl.full([LP, BP], -1.0e30, tl.float64))
     key = sall - EPS * ll[:, None].to(tl.float64)
     t = tl.topk(tl.reshape(_pack64(key, fl, 12), [LP * BP]), BP)
     sv, f = _unpack64(t, 12)
-    ok = (bb < B) & (sv > -1.0e299)
-    BIG: tl.constexpr = 1 << 20
-    fs = tl.sort(tl.where(ok, f, BIG))
-    nv = fs < BIG
+    ok = (bb < B) & (sv > -1.0e29)
+    fs = tl.sort(tl.where(ok, f, 1048576))
+    nv = fs < 1048576
     fc = tl.where(nv, fs, 0)
     di = fc // BP
     tl.store(pos + fc, bb + 1, mask=nv)
@@ -248,7 +247,7 @@ def _tree_kernel(
     pnode = tl.where(di == 0, 0, pnode)
     tok = tl.load(id_ptr + b * (L * K) + di * K + rkl, mask=nv, other=0)
 
-    ob = b * N
+    ob = b * (B + 1)
     om = bb < B
     tl.store(tok_ptr + ob + 1 + bb, tl.where(nv, tok, 0).to(tl.int64), mask=om)
     tl.store(par_ptr + ob + 1 + bb, tl.where(nv, pnode, -1).to(tl.int64), mask=om)
@@ -266,7 +265,7 @@ def _tree_kernel(
 
     # ancestor mask: walk up at most L steps from every node
     ii = tl.arange(0, NP)
-    im = ii < N
+    im = ii < (B + 1)
     alive = im & (tl.load(val_ptr + ob + ii, mask=im, other=0) != 0)
     cur = ii
     vis = tl.zeros([NP, NP], dtype=tl.int1)
@@ -276,14 +275,14 @@ def _tree_kernel(
         alive = alive & (nxt >= 0)
         cur = tl.where(alive, nxt, 0)
     vm = im[:, None] & im[None, :]
-    tl.store(vis_ptr + b * (N * N) + ii[:, None] * N + ii[None, :], vis.to(tl.int8), mask=vm)
+    tl.store(vis_ptr + b * ((B + 1) * (B + 1)) + ii[:, None] * (B + 1) + ii[None, :], vis.to(tl.int8), mask=vm)
 
 
 def tree_kernel_supported(L: int, B: int, K: int) -> bool:
     BP = _next_pow2(B)
     KP = max(2, _next_pow2(K))
     LP = _next_pow2(L)
-    return L <= 16 and BP * KP <= 4096 and LP * BP <= 4096
+    return L <= 16 and B <= 64 and BP * KP <= 4096 and LP * BP <= 4096
 
 
 def build_trees_from_top_triton(top_lp, top_id, budget, root_tokens=None) -> DDTrees:

@@ -156,7 +156,7 @@ def accept_walk(trees: DDTrees, posterior: torch.Tensor, max_depth: Optional[int
         want = posterior.gather(1, cur.view(bs, 1))  # [bs, 1]
         match = (parents == cur.view(bs, 1)) & (tokens == want) & valid
         has = match.any(dim=1) & alive
-        nxt = match.to(torch.int8).argmax(dim=1)
+        nxt = match.to(torch.int32).argmax(dim=1)
         acc[:, step + 1] = torch.where(has, nxt, torch.full_like(nxt, -1))
         committed[:, step] = torch.where(has, want.view(bs), torch.full_like(nxt, -1))
         alive = has
@@ -189,6 +189,7 @@ def sample_accept(
     bs, N = trees.tokens.shape
     logits = target_logits.view(bs, N, -1).float() / temperature.view(bs, 1, 1).float()
     u = torch.rand(logits.shape, device=logits.device, generator=generator)
-    gumbel = -torch.log(-torch.log(u.clamp_(1e-20, 1.0)).clamp_(min=1e-20))
+    expo = -torch.log(u.clamp(min=1e-20))  # Exp(1)
+    gumbel = -torch.log(expo.clamp(min=1e-20))
     post = (logits + gumbel).argmax(dim=-1)
     return accept_walk(trees, post, max_depth)

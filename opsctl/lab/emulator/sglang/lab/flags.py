@@ -61,7 +61,7 @@ class _Deprecated(argparse.Action):
         setattr(namespace, self.dest, self.const)
 
 
-def build_parser(prog: str = "launch_server.py") -> argparse.ArgumentParser:
+def build_parser(prog: str = "sglang serve") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog)
     for a in load_table()["actions"]:
         opts = a["option_strings"]

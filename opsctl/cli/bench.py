@@ -1,0 +1,298 @@
+"""opsctl bench / bench compare / bench import / report."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import typer
+
+from opsctl.cli import _common, _output
+from opsctl.errors import CheckFailed, ConfigError, HostError
+
+CONCURRENCY_HELP = "Comma-separated concurrency levels, e.g. 1,2,4,8,16,32,64,128 (default: the gate policy's)."
+
+
+def _levels(text: Optional[str]) -> Optional[list[int]]:
+    if text is None:
+        return None
+    try:
+        levels = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise ConfigError(f"--concurrency must be comma-separated integers, got {text!r}", "e.g. --concurrency 1,4,16")
+    if not levels or any(c < 1 for c in levels):
+        raise ConfigError(f"--concurrency levels must be positive, got {text!r}", "e.g. --concurrency 1,4,16")
+    return levels
+
+
+class _LevelProgress:
+    """A rich progress bar per level (on stderr), fed by loadgen's ProgressEvents."""
+
+    def __init__(self, repeats: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.repeats = repeats
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=_output.err_console, transient=False)
+        self.tasks: dict[tuple[str, int, int], Any] = {}
+
+    def __enter__(self) -> "_LevelProgress":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.stop()
+
+    def __call__(self, ev: Any) -> None:
+        kind = ev.kind
+        if kind in ("warmup_start", "level_start", "canary_start"):
+            label = {"warmup_start": f"warm-up C={ev.concurrency}", "canary_start": "greedy canary"}.get(
+                kind, f"C={ev.concurrency:<4} repeat {ev.repeat + 1}/{self.repeats}")
+            self.tasks[(kind.split("_")[0], ev.concurrency, ev.repeat)] = self.progress.add_task(label, total=ev.total)
+            return
+        key = ("canary" if kind.startswith("canary") else "level", ev.concurrency, ev.repeat)
+        if kind in ("warmup_end",):
+            key = ("warmup", ev.concurrency, ev.repeat)
+        task = self.tasks.get(key)
+        if task is None:
+            return
+        self.progress.update(task, completed=ev.done)
+        if kind == "level_end" and ev.record is not None:
+            r = ev.record
+            self.progress.update(task, description=(
+                f"C={ev.concurrency:<4} repeat {ev.repeat + 1}/{self.repeats}  {r['output_throughput']:.1f} tok/s"
+                f"  ITL p50 {r['median_itl_ms']:.2f} ms" + (f"  errors {r['errors']}" if r["errors"] else "")))
+
+
+def _print_run(run: Any, title: str) -> None:
+    med = run.median()
+    rows = [[lv.level, f"{lv.output_throughput:.1f}", f"{lv.request_throughput:.2f}", f"{lv.median_ttft_ms:.1f}",
+             f"{lv.median_itl_ms:.2f}", f"{lv.p99_itl_ms:.2f}", f"{lv.median_e2e_latency_ms:.0f}",
+             "-" if lv.accept is None else f"{lv.accept:.2f}", lv.errors] for lv in med.levels]
+    _output.table(title + f" (median of {run.repeats} repeat(s); ms)",
+                  ["C", "tok/s", "req/s", "TTFT p50", "ITL p50", "ITL p99", "E2E p50", "accept", "errors"], rows)
+    c = run.canary
+    if c is not None:
+        if c.error:
+            _output.info(f"canary: error: {c.error}")
+        elif c.mismatch:
+            m = c.mismatch
+            _output.info(f"canary: MISMATCH at prompt {m['prompt']}, token {m['position']} "
+                         f"(expected {m.get('expected')}, got {m.get('got')})")
+        else:
+            _output.info(f"canary: {len(c.prompts)} prompts decoded" + (", identical" if c.compared else ""))
+
+
+def _emit_run(run: Any) -> None:
+    _output.emit_json({"record": "meta", **run.meta})
+    for lv in run.levels:
+        _output.emit_json(lv.record())
+    if run.canary is not None:
+        _output.emit_json(run.canary.record())
+
+
+def _bench_url(url: str, *, concurrency: Optional[list[int]], input_len: Optional[int], output_len: Optional[int],
+               requests_per_level: Optional[int], repeats: Optional[int], warmup: Optional[int], seed: Optional[int],
+               prompt_file: Optional[Path], canary_prompts: int, canary_file: Optional[Path],
+               request_timeout: float, progress: Optional[Callable[[Any], None]]):
+    from opsctl.bench import loadgen
+    from opsctl.bench.results import from_records
+    from opsctl.gates import GatePolicy
+
+    pol = GatePolicy()
+    spec = loadgen.LoadSpec(
+        url=url, concurrency=concurrency or pol.concurrency, input_len=input_len or pol.input_len,
+        output_len=output_len or pol.output_len, requests_per_level=requests_per_level or pol.requests_per_level,
+        repeats=repeats or pol.repeats, warmup=pol.warmup if warmup is None else warmup,
+        seed=pol.seed if seed is None else seed, prompt_file=str(prompt_file) if prompt_file else None,
+        canary_prompts=canary_prompts, canary_file=str(canary_file) if canary_file else None,
+        canary_output_len=pol.canary_output_len, request_timeout_s=request_timeout)
+    try:
+        spec.validate()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    for label, p in (("prompt file", prompt_file), ("canary file", canary_file)):
+        if p is not None and not p.is_file():
+            raise ConfigError(f"{label} not found: {p}")
+    try:
+        loadgen.asyncio.run(loadgen.http_request(url, "GET", "/server_info", None, 10.0))
+    except (OSError, loadgen.asyncio.TimeoutError, loadgen._HTTPError) as e:
+        raise HostError(f"cannot reach the server at {url}: {e}",
+                        "is it running? for a remote host open a tunnel: ssh -L 30000:127.0.0.1:30000 HOST") from None
+    records = loadgen.run(spec, progress)
+    return from_records(records, {"url": url, "created_at": time.time(), "label": url, "concurrency": spec.concurrency,
+                                  "input_len": spec.input_len, "output_len": spec.output_len,
+                                  "repeats": spec.repeats, "seed": spec.seed})
+
+
+def register(app: typer.Typer) -> None:
+    bench_app = typer.Typer(help="Benchmark the live release (per concurrency level), compare and import results.",
+                            no_args_is_help=False, rich_markup_mode=None)
+
+    @bench_app.callback(invoke_without_command=True)
+    def bench_cmd(
+        ctx: typer.Context,
+        url: Optional[str] = typer.Option(None, "--url", help="Bench this server directly (e.g. http://127.0.0.1:30000 "
+                                          "through an SSH tunnel) instead of the inventory's host."),
+        inventory: Optional[Path] = _common.InventoryOpt,
+        limit: Optional[str] = _common.LimitOpt,
+        concurrency: Optional[str] = typer.Option(None, "--concurrency", "-c", help=CONCURRENCY_HELP),
+        input_len: Optional[int] = typer.Option(None, "--input-len", min=1, help="Prompt tokens (random ids)."),
+        output_len: Optional[int] = typer.Option(None, "--output-len", min=1, help="Generated tokens per request."),
+        requests_per_level: Optional[int] = typer.Option(None, "--requests-per-level", min=1,
+                                                         help="Requests per level (at least C run)."),
+        repeats: Optional[int] = typer.Option(None, "--repeats", min=1, max=20, help="Repeats per level (medians compared)."),
+        warmup: Optional[int] = typer.Option(None, "--warmup", min=0, help="Warm-up requests, not measured."),
+        seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the random prompts."),
+        prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", help="JSONL ({input_ids}|{text}) or text lines."),
+        canary_prompts: int = typer.Option(0, "--canary", min=0, help="Also decode N greedy canary prompts (with --url)."),
+        canary_file: Optional[Path] = typer.Option(None, "--canary-file", help="Reference canary to reproduce (with --url)."),
+        request_timeout: float = typer.Option(300.0, "--request-timeout", min=1.0, help="Seconds per request."),
+        on_controller: bool = typer.Option(False, "--from-controller", help="With --inventory: run the load from this "
+                                           "machine through an SSH tunnel instead of on the host."),
+        save_baseline: bool = typer.Option(False, "--save-baseline", help="Store this run as the host's baseline for "
+                                           "the live (baseline) profile."),
+        out: Optional[Path] = typer.Option(None, "--out", help="Write the results (.jsonl) into this directory."),
+        json_out: bool = _common.JsonOpt,
+    ) -> None:
+        """Benchmark the live release: per level output tok/s, req/s, TTFT, ITL, E2E, errors, accept length."""
+        if ctx.invoked_subcommand is not None:
+            return
+        _output.set_json(json_out)
+        levels = _levels(concurrency)
+        reps = repeats
+        if url is not None:
+            if save_baseline:
+                raise ConfigError("--save-baseline needs --inventory (the baseline is stored on the host)",
+                                  "opsctl bench --inventory DIR --save-baseline")
+            from opsctl.gates import GatePolicy
+            with _LevelProgress(reps or GatePolicy().repeats) as prog:
+                run = _bench_url(url, concurrency=levels, input_len=input_len, output_len=output_len,
+                                 requests_per_level=requests_per_level, repeats=reps, warmup=warmup, seed=seed,
+                                 prompt_file=prompt_file, canary_prompts=canary_prompts, canary_file=canary_file,
+                                 request_timeout=request_timeout, progress=prog)
+            runs = {url: run}
+        else:
+            if canary_file is not None or canary_prompts:
+                raise ConfigError("--canary/--canary-file apply with --url; with --inventory the deploy runs the "
+                                  "canary against the host's stored baseline")
+            try:
+                from opsctl.deploy import bench_live
+            except ImportError:
+                raise ConfigError("benchmarking an inventory host needs opsctl.deploy.bench_live, which this build "
+                                  "lacks", "bench the server directly: opsctl bench --url http://127.0.0.1:30000 "
+                                  "(through an SSH tunnel)") from None
+            overrides = {k: v for k, v in {"concurrency": levels, "input_len": input_len, "output_len": output_len,
+                                           "requests_per_level": requests_per_level, "repeats": repeats,
+                                           "warmup": warmup, "seed": seed}.items() if v is not None}
+            with _LevelProgress(repeats or 1) as prog:
+                res = bench_live(_common.inventory(inventory), limit=limit, overrides=overrides,
+                                 prompt_file=prompt_file, save_baseline=save_baseline, on_host=not on_controller,
+                                 progress=prog)
+            runs = res if isinstance(res, dict) else {str(res.meta.get("host", "host")): res}
+        written = []
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        for name, run in runs.items():
+            if out is not None:
+                from opsctl.bench.results import write_jsonl
+                label = str(run.meta.get("release") or name).split("://", 1)[-1]
+                safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)
+                written.append(write_jsonl(run, out / f"bench-{safe}-{stamp}.jsonl"))
+            if json_out:
+                _emit_run(run)
+            else:
+                _print_run(run, f"bench {name}")
+        for p in written:
+            _output.info(f"wrote {p}")
+        bad = [(n, lv.level, lv.errors) for n, r in runs.items() for lv in r.median().levels if lv.errors]
+        if bad:
+            raise CheckFailed("requests failed during the bench: " + ", ".join(f"{n} C={c}: {e}" for n, c, e in bad),
+                              "see error_samples in the results (--json) and the server's journal")
+        mism = [n for n, r in runs.items() if r.canary is not None and (r.canary.mismatch or r.canary.error)]
+        if mism:
+            raise CheckFailed("greedy canary failed on " + ", ".join(mism), "see the canary line above")
+
+    @bench_app.command("compare")
+    def compare_cmd(
+        a: Path = typer.Argument(..., help="Reference results (.jsonl: opsctl bench or bench_serving), e.g. the baseline."),
+        b: Path = typer.Argument(..., help="Results to compare against A."),
+        json_out: bool = _common.JsonOpt,
+    ) -> None:
+        """Per-level deltas of B against A (medians over repeats)."""
+        from opsctl.bench.results import read_jsonl
+        from opsctl.report import compare
+
+        _output.set_json(json_out)
+        deltas = compare(read_jsonl(a), read_jsonl(b))
+        if json_out:
+            _output.emit_json([d.model_dump() for d in deltas])
+            return
+
+        def f(v: Optional[float], fmt: str) -> str:
+            return "-" if v is None else fmt % v
+
+        _output.table(f"{b.name} against {a.name} (medians)",
+                      ["C", "A tok/s", "B tok/s", "delta", "A ITL p50", "B ITL p50", "ITL delta", "B accept", "B err"],
+                      [[d.concurrency, f(d.a_tok_s, "%.1f"), f(d.b_tok_s, "%.1f"), f(d.tok_s_delta_pct, "%+.1f%%"),
+                        f(d.a_itl_p50_ms, "%.2f"), f(d.b_itl_p50_ms, "%.2f"), f(d.itl_delta_pct, "%+.1f%%"),
+                        f(d.b_accept, "%.2f"), d.b_errors] for d in deltas])
+
+    @bench_app.command("import")
+    def import_cmd(
+        file: Path = typer.Argument(..., help="A sglang.bench_serving --output-file result file."),
+        out: Path = typer.Option(Path("."), "--out", help="Directory for the converted .jsonl."),
+        json_out: bool = _common.JsonOpt,
+    ) -> None:
+        """Convert a bench_serving result file into opsctl's bench JSONL."""
+        from opsctl.bench.results import import_bench_serving, write_jsonl
+
+        _output.set_json(json_out)
+        run = import_bench_serving(file)
+        path = write_jsonl(run, out / f"{file.stem}.opsctl.jsonl")
+        if json_out:
+            _output.emit_json({"ok": True, "path": str(path), "levels": len(run.levels),
+                               "concurrency": run.concurrencies()})
+            return
+        _print_run(run, f"imported {file.name}")
+        _output.info(f"wrote {path}")
+
+    app.add_typer(bench_app, name="bench")
+
+    @app.command("report")
+    def report_cmd(
+        run_file: Path = typer.Argument(..., help="Bench results (.jsonl) of the release."),
+        baseline: Optional[Path] = typer.Option(None, "--baseline", help="Baseline results (.jsonl) to plot against and judge."),
+        out: Path = typer.Option(Path("report"), "--out", help="Output directory."),
+        kind: Optional[str] = typer.Option(None, "--kind", help="Profile kind for the gate (default: from the run's "
+                                           "metadata, else none)."),
+        name: str = typer.Option("report", "--name", help="File name stem of the PNG/Markdown/HTML."),
+        json_out: bool = _common.JsonOpt,
+    ) -> None:
+        """Write a PNG plot (tok/s and ITL p50 vs concurrency) and a Markdown/HTML summary with the verdict."""
+        from opsctl.bench.results import read_jsonl
+        from opsctl.gates import GatePolicy, judge
+        from opsctl.report import write_report
+
+        _output.set_json(json_out)
+        run = read_jsonl(run_file)
+        base = read_jsonl(baseline) if baseline is not None else None
+        verdict = None
+        if base is not None:
+            pk = kind or str(run.meta.get("profile_kind") or run.meta.get("kind") or "unknown")
+            mismatch = run.canary.mismatch if run.canary is not None and run.canary.compared else None
+            try:
+                # judge the levels this run measured, with the default thresholds
+                pol = GatePolicy(concurrency=run.concurrencies())
+                verdict = judge(run, base, pol, profile_kind=pk, canary_mismatch=mismatch)
+            except ConfigError as e:
+                _output.info(f"no verdict: {e.one_line()}")
+        paths = write_report(run, out, base, verdict, name=name)
+        if json_out:
+            _output.emit_json({"ok": True, **{k: str(v) for k, v in paths.items()},
+                               "verdict": verdict.record() if verdict else None})
+            return
+        if verdict is not None:
+            _output.info(verdict.table())
+            _output.info(verdict.one_line())
+        for k, p in paths.items():
+            _output.info(f"wrote {k}: {p}")

@@ -1,0 +1,590 @@
+"""HTTP server + scheduler of the emulator (asyncio, stdlib only).
+
+Endpoints (SGLang 0.5.23 names): GET /health, /health_generate, /ready,
+/server_info (+ /get_server_info), /model_info (+ /get_model_info),
+/v1/models, /metrics (with --enable-metrics); POST /generate (text or
+input_ids, stream or not), /v1/completions (stream or not),
+/v1/chat/completions; /flush_cache.
+
+The scheduler runs prefill and decode steps whose durations come from
+perf.Model; every --decode-log-interval decode steps TP0 logs SGLang's
+`Decode batch, ...` line.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+import random
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from sglang.lab import gpu, textgen
+from sglang.lab.log import fatal_traceback, log
+
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable",
+           500: "Internal Server Error"}
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, float("inf"))
+WARMUP_S = 1.0
+
+
+@dataclass
+class Req:
+    rid: str
+    input_ids: list[int]
+    max_new: int
+    gen: textgen.Generator
+    internal: bool = False
+    out: list[int] = field(default_factory=list)
+    t_arrival: float = field(default_factory=time.monotonic)
+    t_first: float | None = None
+    t_last: float | None = None
+    rounds: int = 0
+    accepted: int = 0
+    updates: asyncio.Queue = field(default_factory=asyncio.Queue)
+    finished: bool = False
+    acc: float | None = None
+
+
+class Histogram:
+    def __init__(self):
+        self.counts = [0] * len(BUCKETS)
+        self.sum = 0.0
+        self.n = 0
+
+    def observe(self, v: float) -> None:
+        self.sum += v
+        self.n += 1
+        for i, b in enumerate(BUCKETS):
+            if v <= b:
+                self.counts[i] += 1
+
+
+class Emulator:
+    def __init__(self, *, args, model, algo, width, captured_width, capture_bs, max_running, faults, tp_prefix,
+                 max_total_tokens, context_len):
+        self.args = args
+        self.model = model
+        self.algo = algo
+        self.width = width
+        self.captured_width = captured_width
+        self.capture_bs = capture_bs
+        self.max_running = max_running
+        self.faults = faults
+        self.rank = tp_prefix
+        self.max_total_tokens = max_total_tokens
+        self.context_len = context_len
+        self.model_name = args.served_model_name or args.model_path
+        self.interval = max(int(args.decode_log_interval or 40), 1)
+        self.ready = False
+        self.waiting: collections.deque[Req] = collections.deque()
+        self.running: list[Req] = []
+        self.wakeup: asyncio.Event | None = None
+        self.rng = random.Random(args.random_seed if args.random_seed is not None else 1234)
+        self.accept_len = model.accept_len()
+        wo = faults.get("wrong_output")
+        self.wrong_after = int(wo["after_tokens"]) if wo else None
+        ca = faults.get("crash_after")
+        self.crash_after = int(ca["requests"]) if ca else None
+        self.crash_exit = int(ca.get("exit_code", 1)) if ca else 1
+        wvt = faults.get("wrong_verify_tokens")
+        self.crash_on_verify = bool(wvt and wvt.get("crash") and algo)
+        # counters
+        self.decode_ct = 0
+        self.finished_external = 0
+        self.iv_gen_tokens = 0
+        self.iv_accept_tokens = 0
+        self.iv_correct = 0
+        self.iv_rounds = 0
+        self.iv_tic = time.monotonic()
+        self.total_accept_tokens = 0
+        self.total_rounds = 0
+        self.last_gen_throughput = 0.0
+        self.last_accept_len = 0.0
+        self.last_accept_rate = 0.0
+        self.last_cuda_graph = True
+        self.gen_tokens_total = 0
+        self.prompt_tokens_total = 0
+        self.requests_total = 0
+        self.h_ttft, self.h_itl, self.h_e2e = Histogram(), Histogram(), Histogram()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def serve(self) -> None:
+        host = self.args.host or "127.0.0.1"
+        port = int(self.args.port)
+        self.wakeup = asyncio.Event()
+        try:
+            if "port_in_use" in self.faults:
+                raise OSError(98, "address already in use")
+            sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as uvicorn does
+            sock.bind((host, port))
+            sock.listen(512)
+        except OSError as exc:
+            log(f"INFO:     Started server process [{os.getpid()}]")
+            log("INFO:     Waiting for application startup.")
+            log("INFO:     Application startup complete.")
+            log(f"ERROR:    [Errno {exc.errno or 98}] error while attempting to bind on address "
+                f"('{host}', {port}): {exc.strerror or 'address already in use'}")
+            log("INFO:     Waiting for application shutdown.")
+            log("INFO:     Application shutdown complete.")
+            gpu.unregister(os.getpid())
+            os._exit(1)
+        server = await asyncio.start_server(self.handle, sock=sock, limit=2 ** 22)
+        log(f"INFO:     Started server process [{os.getpid()}]")
+        log("INFO:     Waiting for application startup.")
+        log("INFO:     Application startup complete.")
+        log(f"INFO:     Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)")
+        asyncio.get_running_loop().create_task(self.scheduler_loop())
+        slow = self.faults.get("slow_start")
+        await asyncio.sleep(WARMUP_S + (float(slow.get("warmup_s", 0)) if slow else 0.0))
+        log(f'INFO:     127.0.0.1:{40000 + os.getpid() % 20000} - "GET /model_info HTTP/1.1" 200 OK')
+        warm = self.submit([0, 1, 2, 3], 8, 0.0, internal=True)
+        await self.wait_done(warm)
+        log(f'INFO:     127.0.0.1:{40000 + os.getpid() % 20000} - "POST /generate HTTP/1.1" 200 OK')
+        self.ready = True
+        log("The server is fired up and ready to roll!")
+        async with server:
+            await server.serve_forever()
+
+    # ------------------------------------------------------------------ scheduler
+    def submit(self, input_ids: list[int], max_new: int, temperature: float, *, internal: bool = False,
+               rid: str | None = None, seed: int | None = None) -> Req:
+        req = Req(rid or uuid.uuid4().hex, list(input_ids), max(int(max_new), 0),
+                  textgen.Generator(input_ids, temperature, None if internal else self.wrong_after, seed),
+                  internal=internal)
+        if not internal:
+            self.requests_total += 1
+            self.prompt_tokens_total += len(input_ids)
+        self.waiting.append(req)
+        self.wakeup.set()
+        return req
+
+    async def wait_done(self, req: Req) -> None:
+        while not req.finished:
+            await req.updates.get()
+
+    def _emit(self, req: Req, n: int, now: float) -> None:
+        pos = len(req.out)
+        for i in range(n):
+            req.out.append(req.gen.token(pos + i))
+        if n:
+            if req.t_first is None:
+                req.t_first = now
+                if not req.internal:
+                    self.h_ttft.observe(now - req.t_arrival)
+            elif not req.internal and req.t_last is not None:
+                self.h_itl.observe((now - req.t_last) / n)
+            req.t_last = now
+            if not req.internal:
+                self.gen_tokens_total += n
+            self.iv_gen_tokens += n
+        if len(req.out) >= req.max_new:
+            req.finished = True
+            if not req.internal:
+                self.h_e2e.observe(now - req.t_arrival)
+        req.updates.put_nowait(n)
+
+    def _reap(self) -> None:
+        done = [r for r in self.running if r.finished]
+        if not done:
+            return
+        self.running = [r for r in self.running if not r.finished]
+        for r in done:
+            if not r.internal:
+                self.finished_external += 1
+        if self.crash_after is not None and self.finished_external >= self.crash_after:
+            fatal_traceback(
+                [("sglang/srt/managers/scheduler.py", 3480, "run_scheduler_process", "scheduler.event_loop_overlap()"),
+                 ("sglang/srt/managers/scheduler.py", 1204, "event_loop_overlap",
+                  "self.process_batch_result(tmp_batch, tmp_result)"),
+                 ("sglang/srt/managers/scheduler_output_processor_mixin.py", 311, "process_batch_result_decode",
+                  "next_token_ids = next_token_ids.tolist()")],
+                "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+                "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace "
+                "below might be incorrect.",
+                rank=self.rank, prefix="Scheduler hit an exception: ", sigquit=True, exit_code=self.crash_exit)
+
+    async def scheduler_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        t_next = loop.time()
+
+        async def until(t: float) -> None:
+            d = t - loop.time()
+            if d > 0:
+                await asyncio.sleep(d)
+
+        while True:
+            if not self.waiting and not self.running:
+                self.wakeup.clear()
+                await self.wakeup.wait()
+                t_next = loop.time()
+                self.iv_tic = time.monotonic()
+                continue
+            admitted = []
+            while self.waiting and len(self.running) + len(admitted) < self.max_running:
+                admitted.append(self.waiting.popleft())
+            if admitted:
+                ntok = sum(len(r.input_ids) for r in admitted)
+                t_next = max(t_next, loop.time()) + self.model.prefill_ms(ntok) / 1000.0
+                await until(t_next)
+                now = time.monotonic()
+                for r in admitted:
+                    self._emit(r, min(1, r.max_new), now)
+                self.running.extend(admitted)
+                used = sum(len(r.input_ids) + len(r.out) for r in self.running)
+                log(f"Prefill batch, #new-seq: {len(admitted)}, #new-token: {ntok}, #cached-token: 0, "
+                    f"#token: {used}, token usage: {used / self.max_total_tokens:.2f}, "
+                    f"#running-req: {len(self.running) - len(admitted)}, #queue-req: {len(self.waiting)}, "
+                    f"#pending-token: 0, cuda graph: False, input throughput (token/s): "
+                    f"{ntok / max(self.model.prefill_ms(ntok) / 1000.0, 1e-6):.2f}", self.rank)
+                self._reap()
+                continue
+            if not self.running:
+                continue
+            if self.crash_on_verify:
+                b = len(self.running)
+                fatal_traceback(
+                    [("sglang/srt/managers/scheduler.py", 3480, "run_scheduler_process", "scheduler.event_loop_overlap()"),
+                     ("sglang/srt/model_executor/runner/decode_cuda_graph_runner.py", 1311, "replay",
+                      "self.replay_prepare(forward_batch, pp_proxy_tensors)"),
+                     ("sglang/srt/model_executor/runner/decode_cuda_graph_runner.py", 1187, "replay_prepare",
+                      "self.buffers.input_ids[: self.raw_num_token].copy_(forward_batch.input_ids)")],
+                    f"RuntimeError: The size of tensor a ({b * self.captured_width}) must match the size of "
+                    f"tensor b ({b * self.width}) at non-singleton dimension 0",
+                    rank=self.rank, prefix="Scheduler hit an exception: ", sigquit=True)
+            batch = len(self.running)
+            t_next = max(t_next, loop.time()) + self.model.step_ms(batch) / 1000.0
+            await until(t_next)
+            now = time.monotonic()
+            m = self.accept_len - 1.0
+            for r in self.running:
+                k = 0
+                if self.algo:
+                    # accepted drafts per round: mean exactly m, low variance (error diffusion from a random phase)
+                    if r.acc is None:
+                        r.acc = self.rng.random()
+                    k = int(r.acc + m) - int(r.acc)
+                    r.acc += m
+                tokens = k + 1
+                self.iv_accept_tokens += tokens
+                self.iv_correct += k
+                self.iv_rounds += 1
+                r.rounds += 1
+                r.accepted += tokens
+                self._emit(r, min(tokens, r.max_new - len(r.out)), now)
+            self.decode_ct += 1
+            if self.decode_ct % self.interval == 0:
+                self._log_decode(batch)
+            self._reap()
+
+    def _log_decode(self, batch: int) -> None:
+        now = time.monotonic()
+        gap = max(now - self.iv_tic, 1e-9)
+        self.iv_tic = now
+        self.last_gen_throughput = self.iv_gen_tokens / gap
+        self.iv_gen_tokens = 0
+        used = sum(len(r.input_ids) + len(r.out) for r in self.running)
+        msg = f"Decode batch, #running-req: {batch}, #token: {used}, token usage: {used / self.max_total_tokens:.2f}, "
+        if self.algo:
+            self.last_accept_len = self.iv_accept_tokens / max(self.iv_rounds, 1)
+            per_round = self.captured_width - 1
+            self.last_accept_rate = self.iv_correct / (self.iv_rounds * per_round) if per_round > 0 and self.iv_rounds else 0.0
+            self.total_accept_tokens += self.iv_accept_tokens
+            self.total_rounds += self.iv_rounds
+            msg += f"accept len: {self.last_accept_len:.2f}, accept rate: {self.last_accept_rate:.2f}, "
+        self.iv_accept_tokens = self.iv_correct = self.iv_rounds = 0
+        self.last_cuda_graph = bool(self.capture_bs) and batch <= max(self.capture_bs)
+        msg += (f"cuda graph: {self.last_cuda_graph}, gen throughput (token/s): {self.last_gen_throughput:.2f}, "
+                f"#queue-req: {len(self.waiting)}")
+        log(msg, self.rank)
+
+    # ------------------------------------------------------------------ HTTP
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername") or ("?", 0)
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    break
+                parts = line.decode("latin-1").split()
+                if len(parts) != 3:
+                    break
+                method, target, version = parts
+                headers: dict[str, str] = {}
+                while True:
+                    h = await reader.readline()
+                    if h in (b"\r\n", b"\n", b""):
+                        break
+                    k, _, v = h.decode("latin-1").partition(":")
+                    headers[k.strip().lower()] = v.strip()
+                body = b""
+                if "content-length" in headers:
+                    body = await reader.readexactly(int(headers["content-length"]))
+                elif headers.get("transfer-encoding", "").lower() == "chunked":
+                    while True:
+                        size = int((await reader.readline()).strip() or b"0", 16)
+                        if size == 0:
+                            await reader.readline()
+                            break
+                        body += await reader.readexactly(size)
+                        await reader.readline()
+                keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+                path = urlsplit(target).path
+                status = await self.dispatch(method, path, body, writer, keep)
+                log(f'INFO:     {peer[0]}:{peer[1]} - "{method} {target} {version}" {status} {REASONS.get(status, "")}')
+                if not keep:
+                    break
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError):
+            pass
+        finally:
+            try:
+                writer.close()
+            except Exception:
+                pass
+
+    async def _send(self, writer, status: int, body: bytes | str | dict | list = b"", ctype: str = "application/json",
+                    keep: bool = True) -> int:
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body)
+        if isinstance(body, str):
+            body = body.encode()
+        head = (f"HTTP/1.1 {status} {REASONS.get(status, '')}\r\ncontent-type: {ctype}\r\n"
+                f"content-length: {len(body)}\r\nserver: uvicorn\r\n"
+                f"connection: {'keep-alive' if keep else 'close'}\r\n\r\n")
+        writer.write(head.encode() + body)
+        await writer.drain()
+        return status
+
+    async def _stream_start(self, writer, keep: bool) -> None:
+        writer.write(("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+                      "transfer-encoding: chunked\r\nserver: uvicorn\r\ncache-control: no-cache\r\n"
+                      f"connection: {'keep-alive' if keep else 'close'}\r\n\r\n").encode())
+        await writer.drain()
+
+    async def _stream_event(self, writer, data: str) -> None:
+        payload = f"data: {data}\n\n".encode()
+        writer.write(f"{len(payload):x}\r\n".encode() + payload + b"\r\n")
+        await writer.drain()
+
+    async def _stream_end(self, writer) -> None:
+        await self._stream_event(writer, "[DONE]")
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    async def dispatch(self, method: str, path: str, body: bytes, writer, keep: bool) -> int:
+        get = method in ("GET", "HEAD")
+        try:
+            payload = json.loads(body) if body else {}
+        except ValueError:
+            return await self._send(writer, 400, {"error": {"message": "invalid JSON body"}}, keep=keep)
+        if path in ("/health", "/health_generate"):
+            if not self.ready:
+                return await self._send(writer, 503, b"", keep=keep)
+            if path == "/health_generate":
+                req = self.submit([1], 1, 0.0, internal=True)
+                try:
+                    await asyncio.wait_for(self.wait_done(req), 20)
+                except asyncio.TimeoutError:
+                    return await self._send(writer, 503, b"", keep=keep)
+            return await self._send(writer, 200, b"", keep=keep)
+        if path == "/ready":
+            return await self._send(writer, 200 if self.ready else 503,
+                                    {"status": "ready" if self.ready else "starting"}, keep=keep)
+        if path in ("/server_info", "/get_server_info") and get:
+            return await self._send(writer, 200, self.server_info(), keep=keep)
+        if path in ("/model_info", "/get_model_info") and get:
+            return await self._send(writer, 200, {"model_path": self.args.model_path,
+                                                  "tokenizer_path": self.args.tokenizer_path or self.args.model_path,
+                                                  "is_generation": True, "preferred_sampling_params": None,
+                                                  "weight_version": "default", "has_image_understanding": False,
+                                                  "has_audio_understanding": False, "model_type": "kimi_k25",
+                                                  "architectures": ["KimiK25ForConditionalGeneration"]}, keep=keep)
+        if path == "/v1/models" and get:
+            return await self._send(writer, 200, {"object": "list", "data": [{
+                "id": self.model_name, "object": "model", "created": int(time.time()), "owned_by": "sglang",
+                "root": self.model_name, "parent": None, "max_model_len": self.context_len}]}, keep=keep)
+        if path == "/metrics" and get:
+            if not self.args.enable_metrics:
+                return await self._send(writer, 404, {"detail": "Not Found"}, keep=keep)
+            return await self._send(writer, 200, self.metrics(), ctype="text/plain; version=0.0.4; charset=utf-8",
+                                    keep=keep)
+        if path == "/flush_cache":
+            return await self._send(writer, 200, "Cache flushed.\nPlease check backend logs for more details. "
+                                    "(When there are running or waiting requests, the operation will not be performed.)\n",
+                                    ctype="text/plain", keep=keep)
+        if path == "/generate" and method == "POST":
+            return await self.generate(payload, writer, keep)
+        if path in ("/v1/completions", "/v1/chat/completions") and method == "POST":
+            return await self.openai(path, payload, writer, keep)
+        if path in ("/generate", "/v1/completions", "/v1/chat/completions"):
+            return await self._send(writer, 405, {"detail": "Method Not Allowed"}, keep=keep)
+        return await self._send(writer, 404, {"detail": "Not Found"}, keep=keep)
+
+    def _not_ready(self):
+        return {"error": {"message": "The server is not ready yet", "code": 503}}
+
+    def _meta(self, req: Req) -> dict:
+        now = time.monotonic()
+        meta = {"id": req.rid, "finish_reason": {"type": "length", "length": len(req.out)} if req.finished else None,
+                "prompt_tokens": len(req.input_ids), "weight_version": "default",
+                "completion_tokens": len(req.out), "cached_tokens": 0, "e2e_latency": now - req.t_arrival}
+        if self.algo:
+            meta["spec_verify_ct"] = req.rounds
+            meta["spec_accept_length"] = req.accepted / req.rounds if req.rounds else 0.0
+        return meta
+
+    async def generate(self, p: dict, writer, keep: bool) -> int:
+        if not self.ready:
+            return await self._send(writer, 503, self._not_ready(), keep=keep)
+        text, ids = p.get("text"), p.get("input_ids")
+        if text is None and ids is None:
+            return await self._send(writer, 400, {"error": {"message": "Either text or input_ids should be provided."}},
+                                    keep=keep)
+        sp = p.get("sampling_params") or {}
+        if isinstance(sp, list):
+            sp = sp[0] if sp else {}
+        max_new = int(sp.get("max_new_tokens", 128) if sp.get("max_new_tokens") is not None else 128)
+        temp = float(sp.get("temperature", 1.0) if sp.get("temperature") is not None else 1.0)
+        seed = sp.get("sampling_seed")
+        batch = (isinstance(text, list)) or (isinstance(ids, list) and ids and isinstance(ids[0], list))
+        prompts = (text if isinstance(text, list) else [text]) if text is not None else (ids if batch else [ids])
+        prompt_ids = [textgen.encode(x) if isinstance(x, str) else [int(t) for t in x] for x in prompts]
+        reqs = [self.submit(pi, max_new, temp, rid=(p.get("rid") if not batch else None), seed=seed)
+                for pi in prompt_ids]
+        if p.get("stream") and not batch:
+            req = reqs[0]
+            await self._stream_start(writer, keep)
+            while True:
+                await req.updates.get()
+                await self._stream_event(writer, json.dumps({"text": textgen.decode(req.out), "output_ids": list(req.out),
+                                                             "meta_info": self._meta(req)}))
+                if req.finished:
+                    break
+            await self._stream_end(writer)
+            return 200
+        for r in reqs:
+            await self.wait_done(r)
+        outs = [{"text": textgen.decode(r.out), "output_ids": list(r.out), "meta_info": self._meta(r)} for r in reqs]
+        return await self._send(writer, 200, outs if batch else outs[0], keep=keep)
+
+    async def openai(self, path: str, p: dict, writer, keep: bool) -> int:
+        if not self.ready:
+            return await self._send(writer, 503, self._not_ready(), keep=keep)
+        chat = path.endswith("chat/completions")
+        if chat:
+            msgs = p.get("messages") or []
+            prompt = " ".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
+            ids = textgen.encode(prompt)
+            max_new = p.get("max_completion_tokens") or p.get("max_tokens") or 128
+        else:
+            prompt = p.get("prompt", "")
+            if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+                prompt = prompt[0]
+            ids = [int(t) for t in prompt] if isinstance(prompt, list) else textgen.encode(str(prompt))
+            max_new = p.get("max_tokens") or 16
+        temp = float(p.get("temperature", 1.0) if p.get("temperature") is not None else 1.0)
+        req = self.submit(ids, int(max_new), temp, seed=p.get("seed"))
+        cid = ("chatcmpl-" if chat else "cmpl-") + req.rid
+        created = int(time.time())
+        obj = "chat.completion" if chat else "text_completion"
+
+        def usage():
+            return {"prompt_tokens": len(req.input_ids), "completion_tokens": len(req.out),
+                    "total_tokens": len(req.input_ids) + len(req.out)}
+
+        if p.get("stream"):
+            await self._stream_start(writer, keep)
+            sent = 0
+            first = True
+            while True:
+                await req.updates.get()
+                delta = textgen.decode(req.out[sent:])
+                sent = len(req.out)
+                fin = "length" if req.finished else None
+                if chat:
+                    d = {"content": delta}
+                    if first:
+                        d["role"] = "assistant"
+                    choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": fin}
+                else:
+                    choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": fin}
+                first = False
+                await self._stream_event(writer, json.dumps({"id": cid, "object": obj + (".chunk" if chat else ""),
+                                                             "created": created, "model": self.model_name,
+                                                             "choices": [choice], "usage": None}))
+                if req.finished:
+                    break
+            if (p.get("stream_options") or {}).get("include_usage"):
+                await self._stream_event(writer, json.dumps({"id": cid, "object": obj + (".chunk" if chat else ""),
+                                                             "created": created, "model": self.model_name,
+                                                             "choices": [], "usage": usage()}))
+            await self._stream_end(writer)
+            return 200
+        await self.wait_done(req)
+        text = textgen.decode(req.out)
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                   "finish_reason": "length"} if chat else
+                  {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"})
+        return await self._send(writer, 200, {"id": cid, "object": obj, "created": created, "model": self.model_name,
+                                              "choices": [choice], "usage": usage()}, keep=keep)
+
+    # ------------------------------------------------------------------ introspection
+    def avg_accept_length(self) -> float:
+        tokens = self.total_accept_tokens + self.iv_accept_tokens
+        rounds = self.total_rounds + self.iv_rounds
+        return tokens / rounds if (self.algo and rounds) else (0.0 if self.algo else 1.0)
+
+    def server_info(self) -> dict:
+        info = {k: v for k, v in vars(self.args).items()}
+        info.update({
+            "version": "0.5.23",
+            "internal_states": [{
+                "avg_spec_accept_length": self.avg_accept_length(),
+                "last_gen_throughput": self.last_gen_throughput,
+                "memory_usage": {"weight": 73.61, "kvcache": 8.79, "cuda_graph": 0.5, "token_capacity": self.max_total_tokens},
+                "load": len(self.running) + len(self.waiting),
+            }],
+            "max_total_num_tokens": self.max_total_tokens,
+            "speculative_num_draft_tokens": self.width if self.algo else None,
+            "opsctl_lab_emulator": True,
+        })
+        return info
+
+    def metrics(self) -> str:
+        lbl = f'model_name="{self.model_name}",engine_type="unified",tp_rank="0",pp_rank="0"'
+        out = []
+
+        def gauge(name, value, help_):
+            out.extend([f"# HELP sglang:{name} {help_}", f"# TYPE sglang:{name} gauge", f"sglang:{name}{{{lbl}}} {value}"])
+
+        def counter(name, value, help_):
+            out.extend([f"# HELP sglang:{name} {help_}", f"# TYPE sglang:{name} counter",
+                        f"sglang:{name}{{{lbl}}} {float(value)}"])
+
+        def hist(name, h: Histogram, help_):
+            out.extend([f"# HELP sglang:{name} {help_}", f"# TYPE sglang:{name} histogram"])
+            for b, c in zip(BUCKETS, h.counts):
+                le = "+Inf" if b == float("inf") else str(b)
+                out.append(f'sglang:{name}_bucket{{{lbl},le="{le}"}} {float(c)}')
+            out.append(f"sglang:{name}_sum{{{lbl}}} {h.sum}")
+            out.append(f"sglang:{name}_count{{{lbl}}} {float(h.n)}")
+
+        gauge("num_running_reqs", len(self.running), "The number of running requests.")
+        gauge("num_queue_reqs", len(self.waiting), "The number of requests in the waiting queue.")
+        gauge("gen_throughput", self.last_gen_throughput, "The generation throughput (token/s).")
+        gauge("spec_accept_length", self.last_accept_len if self.algo else 0.0, "The average acceptance length of speculative decoding.")
+        gauge("spec_accept_rate", self.last_accept_rate if self.algo else 0.0, "The average acceptance rate of speculative decoding.")
+        gauge("is_cuda_graph", 1.0 if (self.capture_bs and self.last_cuda_graph) else 0.0, "Whether the batch is using CUDA graph.")
+        gauge("token_usage", sum(len(r.input_ids) + len(r.out) for r in self.running) / self.max_total_tokens, "The token usage.")
+        counter("prompt_tokens_total", self.prompt_tokens_total, "Number of prefill tokens processed.")
+        counter("generation_tokens_total", self.gen_tokens_total, "Number of generation tokens processed.")
+        counter("num_requests_total", self.requests_total, "Number of requests processed.")
+        hist("time_to_first_token_seconds", self.h_ttft, "Histogram of time to first token in seconds.")
+        hist("inter_token_latency_seconds", self.h_itl, "Histogram of inter-token latency in seconds.")
+        hist("e2e_request_latency_seconds", self.h_e2e, "Histogram of End-to-end request latency in seconds")
+        return "\n".join(out) + "\n"

@@ -1,0 +1,316 @@
+"""Fused Triton kernels for DDTree construction (GPU path).
+
+1. ``topk_logsumexp(x[bs, L, V], K)``: one pass over the logits.
+   Stage 1, grid (rows, chunks): each program loads a CHUNK of one row once,
+   computes the chunk's max and sum(exp(x - max)) (for the logsumexp), and the
+   chunk's exact top-KP: the top-KP groups by group maximum contain every
+   top-KP element, so only KP*S candidates (re-read from L1/L2) go through a
+   bitonic top-k.  Values are packed with their index into the low mantissa
+   bits of a wider float (bf16/fp16 -> fp32, fp32 -> fp64), which keeps the
+   order of distinct values, so one ``tl.topk`` carries values and indices.
+   Stage 2, one program per row: merge the chunks' (max, sum) into the row's
+   logsumexp and the chunks' candidates into the row's top-K, and write
+   ``top_lp = top_logit - logsumexp`` (float32) and the token ids.
+2. ``build_trees_from_top_triton``: one program per request does the beam over
+   depths (float64 scores, top-B of the B x K candidate rectangle per depth),
+   the global top-B with a shallower-first tie-break, the depth-major ordering,
+   parent / token / depth assembly and the ancestor mask.  Supported for
+   B <= 64 and L <= 16 (the rectangle must fit one program); larger budgets use
+   the torch beam (``tree.build_trees_from_top``) after the same stage-1/2 top-K.
+
+No host synchronisation, static shapes: safe inside CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from .tree import DEPTH_EPS, DDTrees
+
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+@triton.jit
+def _pack32(v, idx, BITS: tl.constexpr):
+    b = v.to(tl.int32, bitcast=True)
+    b = (b & (-(1 << BITS))) | idx.to(tl.int32)
+    return b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _unpack32(k, BITS: tl.constexpr):
+    b = k.to(tl.int32, bitcast=True)
+    return (b & (-(1 << BITS))).to(tl.float32, bitcast=True), b & ((1 << BITS) - 1)
+
+
+@triton.jit
+def _pack64(v, idx, BITS: tl.constexpr):
+    b = v.to(tl.float64).to(tl.int64, bitcast=True)
+    b = (b & (-(1 << BITS))) | idx.to(tl.int64)
+    return b.to(tl.float64, bitcast=True)
+
+
+@triton.jit
+def _unpack64(k, BITS: tl.constexpr):
+    b = k.to(tl.int64, bitcast=True)
+    return (b & (-(1 << BITS))).to(tl.float64, bitcast=True), (b & ((1 << BITS) - 1)).to(tl.int32)
+
+
+@triton.jit
+def _topk_chunk_kernel(
+    x_ptr, stride_row, V, NCHUNK,
+    val_ptr, idx_ptr, m_ptr, s_ptr,
+    CHUNK: tl.constexpr, G: tl.constexpr, S: tl.constexpr, KP: tl.constexpr,
+    PACK64: tl.constexpr, BITS: tl.constexpr,
+):
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    base = x_ptr + row.to(tl.int64) * stride_row
+    start = c * CHUNK
+    offs = start + tl.arange(0, CHUNK)
+    msk = offs < V
+    x = tl.load(base + offs, mask=msk, other=float("-inf")).to(tl.float32)
+    m = tl.max(x, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    s = tl.sum(tl.exp(x - m_safe), 0)
+    out = row * NCHUNK + c
+    tl.store(m_ptr + out, m)
+    tl.store(s_ptr + out, s)
+
+    xk = tl.where(msk, tl.maximum(x, -3.0e38), -3.3e38)
+    g = tl.max(tl.reshape(xk, [G, S]), 1)  # [G] group maxima
+    gi = tl.arange(0, G)
+    if PACK64:
+        tg = tl.topk(_pack64(g, gi, BITS), KP)
+        _, gid = _unpack64(tg, BITS)
+    else:
+        tg = tl.topk(_pack32(g, gi, BITS), KP)
+        _, gid = _unpack32(tg, BITS)
+    coffs = gid[:, None] * S + tl.arange(0, S)[None, :]  # [KP, S] chunk-local
+    cm = (start + coffs) < V
+    y = tl.load(base + start + coffs, mask=cm, other=float("-inf")).to(tl.float32)
+    yk = tl.where(cm, tl.maximum(y, -3.0e38), -3.3e38)
+    if PACK64:
+        t = tl.topk(tl.reshape(_pack64(yk, coffs, BITS), [KP * S]), KP)
+        val, li = _unpack64(t, BITS)
+    else:
+        t = tl.topk(tl.reshape(_pack32(yk, coffs, BITS), [KP * S]), KP)
+        val, li = _unpack32(t, BITS)
+    k = tl.arange(0, KP)
+    tl.store(val_ptr + out * KP + k, val.to(tl.float32))
+    tl.store(idx_ptr + out * KP + k, start + li)
+
+
+@triton.jit
+def _topk_merge_kernel(
+    val_ptr, idx_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, NCHUNK, K,
+    NCP: tl.constexpr, KP: tl.constexpr, BITS: tl.constexpr,
+):
+    row = tl.program_id(0)
+    c = tl.arange(0, NCP)
+    cm = c < NCHUNK
+    m = tl.load(m_ptr + row * NCHUNK + c, mask=cm, other=float("-inf"))
+    s = tl.load(s_ptr + row * NCHUNK + c, mask=cm, other=0.0)
+    M = tl.max(m, 0)
+    M_safe = tl.where(M == float("-inf"), 0.0, M)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    tot = tl.sum(tl.where(cm, s * tl.exp(m_safe - M_safe), 0.0), 0)
+    lse = M_safe + tl.log(tot)
+    p = tl.arange(0, NCP * KP)
+    pm = p < NCHUNK * KP
+    v = tl.load(val_ptr + row * NCHUNK * KP + p, mask=pm, other=-3.3e38)
+    t = tl.topk(_pack64(v, p, BITS), KP)
+    val, pos = _unpack64(t, BITS)
+    ids = tl.load(idx_ptr + row * NCHUNK * KP + pos)
+    k = tl.arange(0, KP)
+    km = k < K
+    tl.store(lp_ptr + row * K + k, val.to(tl.float32) - lse, mask=km)
+    tl.store(id_ptr + row * K + k, ids.to(tl.int64), mask=km)
+
+
+def _chunk_params(V: int, KP: int):
+    CHUNK = min(4096, _next_pow2(V))
+    CHUNK = max(CHUNK, KP)
+    G = max(KP, min(512, CHUNK))
+    S = CHUNK // G
+    return CHUNK, G, S
+
+
+def topk_logsumexp(x: torch.Tensor, K: int):
+    """``(top_lp[bs, L, K] float32, top_id[bs, L, K] int64)`` in one pass over ``x``."""
+    bs, L, V = x.shape
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    x2 = x.reshape(bs * L, V)
+    rows = bs * L
+    KP = max(2, _next_pow2(K))
+    CHUNK, G, S = _chunk_params(V, KP)
+    NCHUNK = triton.cdiv(V, CHUNK)
+    if x.dtype == torch.bfloat16:
+        pack64, bits = False, 16
+    elif x.dtype == torch.float16:
+        pack64, bits = False, 13
+    else:
+        pack64, bits = True, 29
+        if x.dtype != torch.float32:
+            x2 = x2.float()
+    assert CHUNK <= (1 << bits)
+    NCP = _next_pow2(NCHUNK)
+    assert NCP * KP <= (1 << 29)
+    dev = x.device
+    vals = torch.empty((rows, NCHUNK, KP), dtype=torch.float32, device=dev)
+    idxs = torch.empty((rows, NCHUNK, KP), dtype=torch.int32, device=dev)
+    ms = torch.empty((rows, NCHUNK), dtype=torch.float32, device=dev)
+    ss = torch.empty((rows, NCHUNK), dtype=torch.float32, device=dev)
+    nw1 = 4 if KP * S <= 1024 else 8
+    _topk_chunk_kernel[(rows, NCHUNK)](
+        x2, x2.stride(0), V, NCHUNK, vals, idxs, ms, ss,
+        CHUNK=CHUNK, G=G, S=S, KP=KP, PACK64=pack64, BITS=bits, num_warps=nw1,
+    )
+    top_lp = torch.empty((bs, L, K), dtype=torch.float32, device=dev)
+    top_id = torch.empty((bs, L, K), dtype=torch.int64, device=dev)
+    n2 = NCP * KP
+    nw2 = 4 if n2 <= 2048 else (8 if n2 <= 8192 else 16)
+    _topk_merge_kernel[(rows,)](
+        vals, idxs, ms, ss, top_lp, top_id, NCHUNK, K,
+        NCP=NCP, KP=KP, BITS=29, num_warps=nw2,
+    )
+    return top_lp, top_id
+
+
+@triton.jit
+def _tree_kernel(
+    lp_ptr, id_ptr, root_ptr,
+    sc_ptr, ps_ptr, rk_ptr, pos_ptr,
+    tok_ptr, par_ptr, dep_ptr, val_ptr, vis_ptr,
+    HAS_ROOT: tl.constexpr, L: tl.constexpr, K: tl.constexpr, B: tl.constexpr,
+    LP: tl.constexpr, BP: tl.constexpr, KP: tl.constexpr, NP: tl.constexpr,
+    EPS: tl.constexpr,
+):
+    b = tl.program_id(0)
+    lpb = lp_ptr + b * (L * K)
+    sc = sc_ptr + b * (LP * BP)
+    ps = ps_ptr + b * (LP * BP)
+    rk = rk_ptr + b * (LP * BP)
+    pos = pos_ptr + b * (LP * BP)
+    bb = tl.arange(0, BP)
+    kk = tl.arange(0, KP)
+
+    # depth 1 (index 0): the top-K tokens themselves
+    negb = tl.full([BP], -1.0e30, tl.float64)
+    negk = tl.full([KP], -1.0e30, tl.float64)
+    beam = tl.load(lpb + bb, mask=bb < K, other=0.0).to(tl.float64)
+    beam = tl.where(bb < K, beam, negb)
+    tl.store(sc + bb, beam)
+    tl.store(ps + bb, tl.zeros([BP], dtype=tl.int32))
+    tl.store(rk + bb, bb)
+    for d in range(1, L):
+        lpd = tl.load(lpb + d * K + kk, mask=kk < K, other=0.0).to(tl.float64)
+        lpd = tl.where(kk < K, lpd, negk)
+        cand = beam[:, None] + lpd[None, :]
+        flat = bb[:, None] * KP + kk[None, :]
+        t = tl.topk(tl.reshape(_pack64(cand, flat, 12), [BP * KP]), BP)
+        s, j = _unpack64(t, 12)
+        s = tl.where(bb < B, s, negb)
+        tl.store(sc + d * BP + bb, s)
+        tl.store(ps + d * BP + bb, j // KP)
+        tl.store(rk + d * BP + bb, j % KP)
+        beam = s
+    tl.debug_barrier()
+
+    # global top-B over all depths (shallower first on ties), depth-major order
+    ll = tl.arange(0, LP)
+    fl = ll[:, None] * BP + bb[None, :]
+    lm = (ll[:, None] < L) & (bb[None, :] < BP)
+    sall = tl.load(sc + fl, mask=lm, other=0.0)
+    sall = tl.where(lm, sall, tl.full([LP, BP], -1.0e30, tl.float64))
+    key = sall - EPS * ll[:, None].to(tl.float64)
+    t = tl.topk(tl.reshape(_pack64(key, fl, 12), [LP * BP]), BP)
+    sv, f = _unpack64(t, 12)
+    ok = (bb < B) & (sv > -1.0e29)
+    fs = tl.sort(tl.where(ok, f, 1048576))
+    nv = fs < 1048576
+    fc = tl.where(nv, fs, 0)
+    di = fc // BP
+    tl.store(pos + fc, bb + 1, mask=nv)
+    tl.debug_barrier()
+    psl = tl.load(ps + fc, mask=nv, other=0)
+    rkl = tl.load(rk + fc, mask=nv, other=0)
+    pnode = tl.load(pos + (di - 1) * BP + psl, mask=nv & (di > 0), other=0)
+    pnode = tl.where(di == 0, 0, pnode)
+    tok = tl.load(id_ptr + b * (L * K) + di * K + rkl, mask=nv, other=0)
+
+    ob = b * (B + 1)
+    om = bb < B
+    tl.store(tok_ptr + ob + 1 + bb, tl.where(nv, tok, 0).to(tl.int64), mask=om)
+    tl.store(par_ptr + ob + 1 + bb, tl.where(nv, pnode, -1).to(tl.int64), mask=om)
+    tl.store(dep_ptr + ob + 1 + bb, tl.where(nv, di + 1, 0).to(tl.int64), mask=om)
+    tl.store(val_ptr + ob + 1 + bb, nv.to(tl.int8), mask=om)
+    if HAS_ROOT:
+        root = tl.load(root_ptr + b).to(tl.int64)
+    else:
+        root = tl.zeros([], dtype=tl.int64)
+    tl.store(tok_ptr + ob, root)
+    tl.store(par_ptr + ob, tl.full([], -1, tl.int64))
+    tl.store(dep_ptr + ob, tl.zeros([], dtype=tl.int64))
+    tl.store(val_ptr + ob, tl.full([], 1, tl.int8))
+    tl.debug_barrier()
+
+    # ancestor mask: walk up at most L steps from every node
+    ii = tl.arange(0, NP)
+    im = ii < (B + 1)
+    alive = im & (tl.load(val_ptr + ob + ii, mask=im, other=0) != 0)
+    cur = ii
+    vis = tl.zeros([NP, NP], dtype=tl.int1)
+    for _ in range(L + 1):
+        vis = vis | ((ii[None, :] == cur[:, None]) & alive[:, None])
+        nxt = tl.load(par_ptr + ob + cur, mask=alive, other=-1).to(tl.int32)
+        alive = alive & (nxt >= 0)
+        cur = tl.where(alive, nxt, 0)
+    vm = im[:, None] & im[None, :]
+    tl.store(vis_ptr + b * ((B + 1) * (B + 1)) + ii[:, None] * (B + 1) + ii[None, :], vis.to(tl.int8), mask=vm)
+
+
+def tree_kernel_supported(L: int, B: int, K: int) -> bool:
+    BP = _next_pow2(B)
+    KP = max(2, _next_pow2(K))
+    LP = _next_pow2(L)
+    return L <= 16 and B <= 64 and BP * KP <= 4096 and LP * BP <= 4096
+
+
+def build_trees_from_top_triton(top_lp, top_id, budget, root_tokens=None) -> DDTrees:
+    bs, L, K = top_lp.shape
+    B = int(budget)
+    N = B + 1
+    BP = max(2, _next_pow2(B))
+    KP = max(2, _next_pow2(K))
+    LP = max(2, _next_pow2(L))
+    NP = _next_pow2(N)
+    dev = top_lp.device
+    top_lp = top_lp.contiguous()
+    top_id = top_id.contiguous()
+    sc = torch.empty((bs, LP * BP), dtype=torch.float64, device=dev)
+    ps = torch.empty((bs, LP * BP), dtype=torch.int32, device=dev)
+    rk = torch.empty((bs, LP * BP), dtype=torch.int32, device=dev)
+    pos = torch.empty((bs, LP * BP), dtype=torch.int32, device=dev)
+    tokens = torch.empty((bs, N), dtype=torch.int64, device=dev)
+    parents = torch.empty((bs, N), dtype=torch.int64, device=dev)
+    depths = torch.empty((bs, N), dtype=torch.int64, device=dev)
+    valid = torch.empty((bs, N), dtype=torch.int8, device=dev)
+    vis = torch.empty((bs, N, N), dtype=torch.int8, device=dev)
+    has_root = root_tokens is not None
+    root = root_tokens.to(device=dev, dtype=torch.int64).contiguous() if has_root else tokens
+    nw = 4 if BP * KP <= 1024 and NP <= 64 else 8
+    _tree_kernel[(bs,)](
+        top_lp, top_id, root, sc, ps, rk, pos, tokens, parents, depths, valid, vis,
+        HAS_ROOT=has_root, L=L, K=K, B=B, LP=LP, BP=BP, KP=KP, NP=NP, EPS=DEPTH_EPS,
+        num_warps=nw,
+    )
+    return DDTrees(tokens, parents, depths, vis.view(torch.bool), valid.view(torch.bool))

@@ -1,0 +1,171 @@
+"""SGLang 0.5.23 plugin: registers the DDTREE speculative algorithm.
+
+Entry point (pyproject): group ``sglang.srt.plugins``, name ``ddtree`` ->
+``sglang_ddtree.plugin:register``.  The deploy sets ``SGLANG_PLUGINS=ddtree``;
+``sglang.srt.plugins.load_plugins()`` runs ``register()`` in every SGLang
+process.  ``register()`` is idempotent.
+
+What it does:
+  * ``SpeculativeAlgorithm.register("DDTREE", spec_class=DDTreeSpecAlgo)``
+    with a worker factory (``sglang_ddtree.worker``, built on DFlashWorkerV2);
+  * ``DDTreeSpecAlgo.get_num_tokens_per_req_for_target_verify`` = budget + 1
+    (= ``--speculative-num-draft-tokens``) for the target, the drafter's
+    block size for the draft worker;
+  * an AROUND hook on ``spec_info.create_dummy_verify_input`` so CUDA-graph
+    capture of the target verify gets a tree verify input (EagleVerifyInput
+    layout, ``draft_token_num = budget + 1``, custom mask) instead of ``None``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any, Optional
+
+from .config import budget_from_num_draft_tokens, read_block_size
+
+logger = logging.getLogger(__name__)
+
+ALGO_NAME = "DDTREE"
+DUMMY_VERIFY_TARGET = "sglang.srt.speculative.spec_info.create_dummy_verify_input"
+
+_SPEC_CLASS = None
+
+
+def _cfg(server_args: Any) -> Any:
+    try:
+        from sglang.srt.arg_groups.overrides import resolving_view
+
+        return resolving_view(server_args)
+    except Exception:  # pragma: no cover - older layouts
+        return server_args
+
+
+def validate_server_args(server_args: Any) -> None:
+    """Raise ValueError for a DDTREE configuration that cannot work."""
+    cfg = _cfg(server_args)
+    budget_from_num_draft_tokens(getattr(cfg, "speculative_num_draft_tokens", None))
+    if not getattr(cfg, "speculative_draft_model_path", None):
+        raise ValueError("DDTREE requires --speculative-draft-model-path (the DFlash drafter).")
+    if getattr(cfg, "speculative_dflash_block_size", None) is not None:
+        raise ValueError(
+            "DDTREE takes the drafter block size from the drafter's config.json; "
+            "do not pass --speculative-dflash-block-size (--speculative-num-draft-tokens is budget + 1)."
+        )
+    pp = getattr(cfg, "pp_size", 1)
+    if pp not in (None, 1):
+        raise ValueError("DDTREE supports pp_size == 1 only.")
+
+
+def _make_spec_class():
+    global _SPEC_CLASS
+    if _SPEC_CLASS is not None:
+        return _SPEC_CLASS
+    from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+    class DDTreeSpecAlgo(CustomSpecAlgo):
+        """DFlash-family algorithm whose target verify is a tree of budget + 1 tokens."""
+
+        block_size: Optional[int] = None
+
+        # Behave as the DFlash family (drafter conditioned on target hidden
+        # states, draft KV, target-verify for draft) but not as plain DFLASH,
+        # so DFlash's own argument handling (num_draft_tokens == block size)
+        # does not apply.
+        def is_dflash_family(self) -> bool:
+            return True
+
+        def supports_target_verify_for_draft(self) -> bool:
+            return True
+
+        def has_draft_kv(self) -> bool:
+            return True
+
+        def handle_server_args(self, server_args) -> None:
+            validate_server_args(server_args)
+            cfg = _cfg(server_args)
+            self.block_size = read_block_size(getattr(cfg, "speculative_draft_model_path", None))
+            # SGLang hands a custom algorithm a stand-in whose plain writes
+            # are recorded as declared resolutions (speculative_hook.py).
+            if getattr(cfg, "speculative_num_steps", None) != 1:
+                server_args.speculative_num_steps = 1
+            if getattr(cfg, "speculative_eagle_topk", None) != 1:
+                server_args.speculative_eagle_topk = 1
+
+        def get_num_tokens_per_req_for_target_verify(self, num_draft_tokens: int, is_draft_worker: bool) -> int:
+            if is_draft_worker:
+                # the drafter's forward is one block: bonus + (block_size - 1) masks
+                return int(self.block_size or read_block_size(None))
+            budget = budget_from_num_draft_tokens(num_draft_tokens)
+            return budget + 1
+
+    _SPEC_CLASS = DDTreeSpecAlgo
+    return DDTreeSpecAlgo
+
+
+def _worker_factory(server_args):
+    from .worker import make_worker_class
+
+    return make_worker_class()
+
+
+def make_dummy_verify_input(custom_mask, num_tokens_per_req: int, block_size: Optional[int] = None):
+    """Dummy tree verify input for CUDA-graph capture of the target verify."""
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+    from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+    L = int(block_size or read_block_size(None)) - 1
+    budget = int(num_tokens_per_req) - 1
+    return EagleVerifyInput(
+        draft_token=None,
+        custom_mask=custom_mask,
+        positions=None,
+        retrieve_index=None,
+        retrieve_next_token=None,
+        retrieve_next_sibling=None,
+        retrieve_cum_len=None,
+        spec_steps=L,
+        topk=max(2, budget),  # > 1: a tree (custom mask), not a chain
+        draft_token_num=int(num_tokens_per_req),
+        capture_hidden_mode=CaptureHiddenMode.FULL,
+        seq_lens_sum=None,
+        seq_lens_cpu=None,
+    )
+
+
+def _dummy_verify_hook(original_fn, *args, **kwargs):
+    try:
+        bound = inspect.signature(original_fn).bind(*args, **kwargs)
+        algo = bound.arguments.get("spec_algorithm")
+        is_draft = bound.arguments.get("is_draft_worker", False)
+    except TypeError:
+        return original_fn(*args, **kwargs)
+    if getattr(algo, "name", None) == ALGO_NAME and not is_draft:
+        return make_dummy_verify_input(
+            bound.arguments["custom_mask"],
+            bound.arguments["num_tokens_per_req"],
+            getattr(algo, "block_size", None),
+        )
+    return original_fn(*args, **kwargs)
+
+
+def register() -> None:
+    """Entry point ``ddtree`` in group ``sglang.srt.plugins``."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_registry import get_spec
+
+    if get_spec(ALGO_NAME) is None:
+        SpeculativeAlgorithm.register(
+            ALGO_NAME,
+            supports_overlap=True,
+            validate_server_args=validate_server_args,
+            spec_class=_make_spec_class(),
+        )(_worker_factory)
+        logger.info("sglang_ddtree: registered speculative algorithm %s", ALGO_NAME)
+    try:
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+        if not any(h[1] is _dummy_verify_hook for h in HookRegistry._hooks.get(DUMMY_VERIFY_TARGET, [])):
+            HookRegistry.register(DUMMY_VERIFY_TARGET, _dummy_verify_hook, HookType.AROUND)
+    except Exception:  # pragma: no cover
+        logger.exception("sglang_ddtree: could not register the dummy-verify hook")

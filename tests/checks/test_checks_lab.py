@@ -1,0 +1,201 @@
+"""End to end on the lab host: the host checks after a good deploy, and one broken thing
+at a time (each breaks the named check and no other; state is restored after each case).
+
+One deploy (dflash, so the release has drafter weights) serves the whole module; the lab
+boots once per session (tests/conftest.py's lab_host).
+"""
+from __future__ import annotations
+
+import shlex
+import time
+
+import pytest
+
+from opsctl.checks.runner import CheckReport, run_checks
+from opsctl.config import load_inventory
+from opsctl.errors import OpsctlError
+
+pytestmark = pytest.mark.lab
+
+PROFILE = "dflash"
+# checks that need the server up: they fail together when the service is stopped
+SERVING = {"unit_active", "port_listening", "health_generate"}
+
+
+def failing(report: CheckReport) -> set[str]:
+    return {r.check for r in report.results if not r.ok}
+
+
+def explain(report: CheckReport) -> str:
+    rows = "\n".join(f"  {r.outcome:7} {r.group}.{r.check}: {r.message}" for r in report.results)
+    return f"{report.summary()}\n{rows}\n--- pytest output ---\n{report.output[-3000:]}"
+
+
+def only_fails(report: CheckReport, *names: str) -> None:
+    assert failing(report) == set(names), explain(report)
+
+
+def wait_post_ok(inv, timeout: float = 90) -> CheckReport:
+    deadline = time.monotonic() + timeout
+    while True:
+        report = run_checks(inv, "post")
+        if report.ok or time.monotonic() > deadline:
+            return report
+        time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def inv(lab_host):
+    from opsctl.deploy import deploy
+
+    lab_host.clear_faults()
+    inventory = load_inventory(lab_host.inventory_dir)
+    try:
+        outcomes = deploy(inventory, PROFILE, None, gates=False, pre_checks=False)
+        assert outcomes[0].result in ("promoted", "unchanged"), outcomes[0].as_dict()
+    except OpsctlError as exc:
+        # TEMPORARY while opsctl.deploy cannot deploy on the lab yet: the same layout, by hand
+        import warnings
+
+        from checks_handmade import handmade_release
+
+        warnings.warn(f"deploy() failed on the lab ({exc.one_line()}); laying out the release by hand")
+        handmade_release(inventory, "lab", PROFILE)
+    report = wait_post_ok(inventory)
+    assert report.ok, explain(report)
+    return inventory
+
+
+@pytest.fixture
+def lab(lab_host, inv):
+    """The lab with a good deploy; every case must leave pre and post passing again."""
+    yield lab_host
+    lab_host.clear_faults()
+    report = wait_post_ok(inv)
+    assert report.ok, "case did not restore the host: " + explain(report)
+
+
+def sh(lab_host, command: str, stdin: str | None = None) -> str:
+    proc = lab_host.run(command, stdin=stdin, timeout=60)
+    assert proc.returncode == 0, f"{command!r} failed: {proc.stderr or proc.stdout}"
+    return proc.stdout
+
+
+def test_good_deploy_passes_pre_and_post(lab, inv):
+    report = run_checks(inv, "all")
+    assert report.ok, explain(report)
+    names = {r.check for r in report.results}
+    assert {"ssh_reachable", "gpu_count", "service_port", "unit_file_matches_render", "drafter_checksums",
+            "health_generate", "journal_ready"} <= names
+    # with our own service running, its GPU processes, memory and port are not held against the host
+    assert "our service" in report.result("service_port").message, explain(report)
+    assert report.result("drafter_checksums").outcome == "passed"
+    assert all(r.host == "lab" for r in report.results)
+
+
+def test_unit_file_edited_on_host_is_drift(lab, inv):
+    unit = inv.hosts["lab"].unit_name
+    path = f"/etc/systemd/system/{unit}"
+    original = sh(lab, f"cat {path}")
+    assert "RestartSec=30" in original
+    try:
+        # an operator "fixes" the unit in place (through the link, as an editor does)
+        sh(lab, f"sed -i --follow-symlinks -e 's/^RestartSec=30$/RestartSec=5/' -e '$a Nice=-5' {path}")
+        report = run_checks(inv, "post")
+        only_fails(report, "unit_file_matches_render")
+        msg = report.result("unit_file_matches_render").message
+        assert "expected 'RestartSec=30', found 'RestartSec=5'" in msg and "unexpected 'Nice=-5'" in msg, msg
+        assert "NeedDaemonReload=yes" in msg, msg
+    finally:
+        sh(lab, f"cat > $(readlink -f {path})", stdin=original)
+
+
+def test_truncated_weights_fail_checksums(lab, inv):
+    host = inv.hosts["lab"]
+    ddir = sh(lab, f"readlink -f {host.install_root}/current/drafter").strip()
+    victim = sh(lab, f"cd {ddir} && ls *.safetensors | head -1").strip()
+    assert victim
+    backup = f"/root/.opsctl-checks-{victim}.bak"
+    sh(lab, f"cp -p {ddir}/{victim} {backup}")
+    try:
+        sh(lab, f"truncate -s 1000 {ddir}/{victim}")
+        report = run_checks(inv, "post")
+        only_fails(report, "drafter_checksums")
+        msg = report.result("drafter_checksums").message
+        assert f"{victim}: 1000 bytes" in msg, msg
+    finally:
+        sh(lab, f"cat {backup} > {ddir}/{victim} && rm -f {backup}")
+
+
+def test_stopped_service(lab, inv):
+    unit = inv.hosts["lab"].unit_name
+    sh(lab, f"systemctl stop {unit}")
+    try:
+        post = run_checks(inv, "post")
+        assert "unit_active" in failing(post), explain(post)
+        # what needs a running server fails with it; nothing else does
+        assert failing(post) <= SERVING, explain(post)
+        assert post.result("unit_file_matches_render").ok and post.result("drafter_checksums").ok
+        pre = run_checks(inv, "pre")
+        assert pre.ok, explain(pre)  # a stopped service leaves the host ready for a deploy
+        assert "free" in pre.result("service_port").message
+    finally:
+        sh(lab, f"systemctl start {unit}")
+
+
+def test_leftover_gpu_process(lab, inv):
+    # a small leftover, so that free memory stays above min_free_mib: only the named check fails
+    fault = lab.set_fault("gpu_leftover", memory_mib=1000)
+    report = run_checks(inv, "pre")
+    only_fails(report, "gpu_no_leftover_processes")
+    msg = report.result("gpu_no_leftover_processes").message
+    assert f"PID {fault['pid']}" in msg and "not owned by sglang-k26.service" in msg, msg
+    lab.clear_faults()
+    assert run_checks(inv, "pre").ok
+
+
+def test_port_taken_by_another_process(lab, inv):
+    unit = inv.hosts["lab"].unit_name
+    sh(lab, f"systemctl stop {unit}")  # free the port so that another process can take it
+    try:
+        fault = lab.set_fault("port_holder")
+        report = run_checks(inv, "pre")
+        only_fails(report, "service_port")
+        msg = report.result("service_port").message
+        assert f"port 30000 is taken by PID {fault['pid']}" in msg, msg
+    finally:
+        lab.clear_faults()
+        sh(lab, f"systemctl start {unit}")
+
+
+def test_too_little_disk(lab, inv):
+    root = str(inv.hosts["lab"].install_root)
+    sh(lab, f"mount -t tmpfs -o size=16m opsctl-checks-small {shlex.quote(root)}")
+    try:
+        report = run_checks(inv, "pre")
+        only_fails(report, "disk_space")
+        msg = report.result("disk_space").message
+        assert f"on {root}" in msg and "need 1 GiB" in msg, msg
+    finally:
+        sh(lab, f"umount {shlex.quote(root)}")
+    assert "opsctl-checks-small" not in sh(lab, "cat /proc/mounts")
+
+
+def test_failing_pre_check_blocks_deploy_and_changes_nothing(lab, inv):
+    from opsctl.deploy import deploy
+    from opsctl.errors import CheckFailed
+    from opsctl.releases import read_state
+
+    host = inv.hosts["lab"]
+    conn = lab.connection()
+    try:
+        before = read_state(conn, host)
+        lab.set_fault("gpu_leftover", memory_mib=1000)
+        with pytest.raises(CheckFailed) as exc:
+            deploy(inv, "ar-tp8", None, gates=False, pre_checks=True)
+        assert "gpu_no_leftover_processes" in exc.value.problem
+        after = read_state(conn, host)
+    finally:
+        conn.close()
+    assert after.current == before.current and len(after.ledger) == len(before.ledger)
+    assert sorted(after.releases) == sorted(before.releases)

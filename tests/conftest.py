@@ -1,0 +1,127 @@
+"""Shared pytest wiring.
+
+- `lab` marker: tests that need the booted lab host (root, systemd-nspawn).
+  `pytest -m "not lab"` runs the unit tests alone; a test that uses the
+  `lab_host` fixture is marked `lab` automatically. Without root or
+  systemd-nspawn, lab tests are skipped with the reason.
+- `lab_host` (session scope): boots the lab once (`opsctl.lab.up`), yields a
+  LabHost handle, and ALWAYS tears it down (`opsctl.lab.down`) at the end of
+  the session, failing loudly if anything is left behind. Concurrent pytest
+  sessions on one machine are serialised on /run/opsctl-lab.session.lock.
+  OPSCTL_LAB_KEEP=1 leaves the lab up after the session (debugging only).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SESSION_LOCK = Path("/run/opsctl-lab.session.lock")
+
+
+def _lab_unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "the lab needs root"
+    if not shutil.which("systemd-nspawn") and not shutil.which("apt-get"):
+        return "systemd-nspawn is not installed (scripts/lab-deps)"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    reason = _lab_unavailable()
+    for item in items:
+        if "lab_host" in getattr(item, "fixturenames", ()) and item.get_closest_marker("lab") is None:
+            item.add_marker(pytest.mark.lab)
+        if reason and item.get_closest_marker("lab") is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@dataclass
+class LabHost:
+    """A booted lab host: root@10.203.9.2 over SSH with the lab's key."""
+
+    address: str
+    port: int
+    user: str
+    key_file: Path
+    inventory_dir: Path
+
+    def run(self, command: str, *, check: bool = False, timeout: float = 60,
+            stdin: str | None = None) -> subprocess.CompletedProcess:
+        from opsctl.lab import guest_run
+
+        return guest_run(command, timeout=timeout, stdin=stdin, check=check)
+
+    def ssh_argv(self, command: str | None = None) -> list[str]:
+        from opsctl.lab import ssh_argv
+
+        return ssh_argv(command)
+
+    @property
+    def host_config(self):
+        """The inventory's HostConfig for the lab (opsctl.config)."""
+        from opsctl.config import load_inventory
+
+        return load_inventory(self.inventory_dir).hosts["lab"]
+
+    def connection(self):
+        from opsctl.hosts import SSHConnection
+
+        return SSHConnection(self.host_config)
+
+    def set_fault(self, name: str, **params) -> dict:
+        from opsctl.lab import set_fault
+
+        return set_fault(name, **params)
+
+    def clear_faults(self) -> list[str]:
+        from opsctl.lab import clear_fault
+
+        return clear_fault(None)
+
+
+@contextlib.contextmanager
+def _session_lock(wait_s: float = 1800):
+    fd = os.open(SESSION_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + wait_s
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"another pytest session holds {SESSION_LOCK} (the lab) for over {wait_s:.0f}s")
+                time.sleep(1)
+        yield
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture(scope="session")
+def lab_host():
+    reason = _lab_unavailable()
+    if reason:
+        pytest.skip(reason)
+    from opsctl import lab
+    from opsctl.lab import constants as C
+
+    with _session_lock():
+        try:
+            lab.up(say=lambda m: print(m, flush=True))
+            yield LabHost(address=C.GUEST_IP, port=C.SSH_PORT, user=C.SSH_USER, key_file=C.KEY_FILE,
+                          inventory_dir=REPO / "inventories" / "lab")
+        finally:
+            if os.environ.get("OPSCTL_LAB_KEEP") != "1":
+                lab.down(say=lambda m: print(m, flush=True))   # raises LabError on leftovers
+                left = lab.leftovers()
+                assert left == [], f"lab teardown left: {left}"

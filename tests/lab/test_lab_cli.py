@@ -1,0 +1,78 @@
+"""`opsctl lab` command line: errors map to exit codes without touching a host."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+OPSCTL = [sys.executable, "-m", "opsctl"]
+
+
+def run(*args, user=None):
+    pre = []
+    if user is not None:
+        pre = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups"]
+    return subprocess.run(pre + OPSCTL + list(args), capture_output=True, text=True, cwd=REPO, timeout=60)
+
+
+def test_unknown_fault_is_bad_input():
+    r = run("lab", "fault", "set", "no-such-fault")
+    assert r.returncode == 2 and "unknown lab fault" in r.stderr
+
+
+def test_bad_fault_param_is_bad_input():
+    r = run("lab", "fault", "set", "crash-after", "requests")
+    assert r.returncode == 2 and "not key=value" in r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to drop to nobody")
+def test_up_without_root_is_a_clear_lab_error():
+    r = run("lab", "up", user=65534)
+    assert r.returncode == 7 and "needs root" in r.stderr, r.stderr
+
+
+def test_fault_names_are_documented():
+    from opsctl.lab import FAULTS
+
+    doc = (REPO / "docs" / "lab.md").read_text()
+    for name in FAULTS:
+        assert f"`{name}`" in doc, name
+
+
+def test_wheel_is_deterministic_and_named_for_pip(tmp_path):
+    import zipfile
+
+    from opsctl.lab import artifacts
+
+    a, b = artifacts.build_wheel_bytes(), artifacts.build_wheel_bytes()
+    assert a == b
+    built = artifacts.ensure(tmp_path / "wh", tmp_path / "drafter")
+    assert len(built) == 3 and artifacts.ensure(tmp_path / "wh", tmp_path / "drafter") == []
+    whl = tmp_path / "wh" / "sglang-0.5.23+lab-py3-none-any.whl"
+    names = zipfile.ZipFile(whl).namelist()
+    assert "sglang/launch_server.py" in names and "sglang/lab/flags_table.json" in names
+    assert "sglang-0.5.23+lab.dist-info/METADATA" in names
+    import json
+
+    cfg = json.loads((tmp_path / "drafter" / "config.json").read_text())
+    assert cfg["block_size"] == 8
+    assert 2 * 2 ** 20 < (tmp_path / "drafter" / "model.safetensors").stat().st_size < 16 * 2 ** 20
+
+
+def test_wheel_installs_offline_as_sglang_0_5_23(tmp_path):
+    from opsctl.lab import artifacts
+
+    artifacts.ensure(tmp_path / "wh", tmp_path / "drafter")
+    venv = tmp_path / "venv"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True, timeout=120)
+    r = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-index", "--find-links",
+                        str(tmp_path / "wh"), "sglang==0.5.23"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([str(venv / "bin" / "python"), "-m", "sglang.launch_server", "--help"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "--speculative-num-draft-tokens" in r.stdout
