@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -123,8 +124,12 @@ def runtime_wheel(host: HostConfig) -> Path:
     if existing:
         return existing[0]
     tmp = Path(tempfile.mkdtemp(prefix="opsctl-wheel-"))
+    # build from a copy: setuptools writes build/ and *.egg-info next to the sources
+    src_copy = tmp / "src"
+    shutil.copytree(source, src_copy, ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__",
+                                                                   ".pytest_cache"))
     env = {**os.environ, "SOURCE_DATE_EPOCH": "1700000000", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(tmp), str(source)],
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(tmp), str(src_copy)],
                           capture_output=True, text=True, env=env)
     wheels = sorted(tmp.glob("*.whl"))
     if proc.returncode != 0 or not wheels:

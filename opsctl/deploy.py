@@ -410,7 +410,10 @@ def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile,
     since = switch(conn, host, plan.release)
     steps.done("switch", t0, f"current -> {plan.release}")
     try:
-        ready = wait_ready(conn, host, profile, since, steps)
+        try:
+            ready = wait_ready(conn, host, profile, since, steps)
+        except DeployFailed as exc:
+            raise _with_start_diagnosis(conn, host, profile, since, steps, exc) from None
         details["ready_s"] = round(ready.seconds, 2)
         if gates:
             outcome = run_validation(conn, host, profile, since, steps)
@@ -423,7 +426,7 @@ def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile,
             if not outcome.ok:
                 raise DeployFailed(f"{host.name}: gate failed: {outcome.reason}", "see the verdict table above",
                                    details={"verdict": outcome.record})
-    except (DeployFailed, HostError, CheckFailed) as exc:
+    except OpsctlError as exc:
         reason = exc.problem
         back = _roll_back_after_failure(conn, host, plan, previous, reason, exc, steps)
         raise DeployFailed(f"{reason}; {back}", exc.fix, details={**exc.details, **details}) from None
@@ -438,6 +441,30 @@ def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile,
                                **{k: v for k, v in details.items() if k in ("ready_s", "drafter_bytes_sent")}})
     prune(conn, host)
     return DeployOutcome(host.name, plan.release, "promoted", plan.as_dict(), details)
+
+
+_DIAGNOSIS_ORDER = ("startup.capture_failed", "startup.cuda_oom", "capture.verify_width", "startup.errors",
+                    "capture.complete", "capture.expected_graphs", "startup.restarts")
+
+
+def _with_start_diagnosis(conn: Connection, host: HostConfig, profile: Profile, since: int, steps: Steps,
+                          exc: DeployFailed) -> DeployFailed:
+    """A failed start says why, from the journal, in the same words `opsctl validate` uses."""
+    from opsctl import journal, validate
+
+    try:
+        parsed = journal.parse(journal.read_journal(conn, host.unit_name, since))
+        failed = [f for f in validate.validate_startup(parsed, profile) if not f.ok]
+    except OpsctlError:
+        return exc
+    if not failed:
+        return exc
+    failed.sort(key=lambda f: _DIAGNOSIS_ORDER.index(f.check) if f.check in _DIAGNOSIS_ORDER else 99)
+    steps.progress({"event": "findings", "host": host.name, "step": "ready",
+                    "findings": [f.model_dump() for f in failed]})
+    top = failed[0]
+    return DeployFailed(f"{exc.problem}; {top.check}: {top.diagnosis}", top.fix or exc.fix,
+                        details={**exc.details, "findings": [f.model_dump() for f in failed]})
 
 
 def _roll_back_after_failure(conn: Connection, host: HostConfig, plan: Plan, previous: str | None, reason: str,

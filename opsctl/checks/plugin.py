@@ -256,9 +256,13 @@ class Probe:
         """Those of `pids` that belong to our service unit's cgroup."""
         if not pids:
             return set()
-        loop = " ".join(str(p) for p in sorted(pids))
-        r = self.run(f"for p in {loop}; do echo \"== $p\"; cat /proc/$p/cgroup 2>/dev/null; done")
-        return logic.owned_pids(r.stdout, self.cfg.unit_name)
+        key = "owned:" + ",".join(str(p) for p in sorted(pids))
+
+        def read():
+            loop = " ".join(str(p) for p in sorted(pids))
+            r = self.run(f"for p in {loop}; do echo \"== $p\"; cat /proc/$p/cgroup 2>/dev/null; done")
+            return logic.owned_pids(r.stdout, self.cfg.unit_name)
+        return self.cached(key, read)
 
     def describe_pids(self, pids: set[int]) -> dict[int, str]:
         if not pids:
@@ -276,16 +280,22 @@ class Probe:
 
         return self.cached("state", lambda: read_state(TestinfraConnection(self.host, self.cfg.name), self.cfg))
 
+    UNIT_PROPS = ("ActiveState", "SubState", "Result", "MainPID", "NRestarts", "ActiveEnterTimestamp",
+                  "NeedDaemonReload", "InvocationID", "UnitFileState", "LoadState")
+
     def show(self, *props: str) -> dict[str, str]:
-        """`systemctl show` properties of our unit (not cached: the unit's state moves)."""
-        args = " ".join(f"-p {p}" for p in props)
-        r = self.run(f"systemctl show {shlex.quote(self.cfg.unit_name)} {args}")
-        out = {}
-        for line in r.stdout.splitlines():
-            if "=" in line:
-                k, v = line.split("=", 1)
-                out[k] = v
-        return out
+        """`systemctl show` properties of our unit, read once per run (one command for all checks)."""
+        def read():
+            args = " ".join(f"-p {p}" for p in self.UNIT_PROPS)
+            r = self.run(f"systemctl show {shlex.quote(self.cfg.unit_name)} {args}")
+            out = {}
+            for line in r.stdout.splitlines():
+                if "=" in line:
+                    k, v = line.split("=", 1)
+                    out[k] = v
+            return out
+        everything = self.cached("show", read)
+        return {p: everything.get(p, "") for p in props} if props else dict(everything)
 
     def journal(self) -> dict:
         """This start of the unit (its InvocationID): count of ready lines, the capture failures."""

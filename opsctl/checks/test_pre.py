@@ -114,31 +114,27 @@ def test_disk_space(host, hostcfg, probe, detail):
 
 def test_model_path(host, hostcfg, probe, detail):
     path = str(hostcfg.model.path)
-    d = host.file(path)
-    assert d.exists, f"model path {path} does not exist"
-    assert d.is_directory, f"model path {path} is not a directory"
+    if not host.file(path).is_directory:
+        assert host.file(path).exists, f"model path {path} does not exist"
+        pytest.fail(f"model path {path} is not a directory", pytrace=False)
     user = hostcfg.settings.service_user
     cfg = f"{path}/config.json"
-    test = f"test -r {shlex.quote(path)} && test -x {shlex.quote(path)} && test -r {shlex.quote(cfg)}"
-    as_user = f"runuser -u {shlex.quote(user)} -- sh -c {shlex.quote(test)}" if user else test
-    assert host.file(cfg).exists, f"{cfg} does not exist (is {path} a complete checkpoint?)"
-    r = probe.run(as_user)
+    test = (f"test -e {shlex.quote(cfg)} || exit 3; "
+            f"test -r {shlex.quote(path)} && test -x {shlex.quote(path)} && test -r {shlex.quote(cfg)} || exit 4")
+    r = probe.run(f"runuser -u {shlex.quote(user)} -- sh -c {shlex.quote(test)}" if user else test)
+    assert r.rc != 3, f"{cfg} does not exist (is {path} a complete checkpoint?)"
     assert r.rc == 0, f"{path} is not readable by {user or 'the SSH user'}"
     detail(f"{path} readable" + (f" by {user}" if user else ""))
 
 
 def test_cuda_toolkit(host, hostcfg, probe, detail):
-    candidates = []
-    cuda_home = hostcfg.settings.extra_env.get("CUDA_HOME")
-    if cuda_home:
-        candidates.append(f"{cuda_home}/bin/nvcc")
-    candidates.append("/usr/local/cuda/bin/nvcc")
-    nvcc = None
-    if host.exists("nvcc"):
-        nvcc = host.check_output("command -v nvcc")
-    else:
-        nvcc = next((c for c in candidates if host.file(c).is_file), None)
-    assert nvcc, f"nvcc not found (PATH, {', '.join(candidates)}): SGLang's JIT kernels need the CUDA toolkit"
+    extra = [f"{hostcfg.settings.extra_env['CUDA_HOME']}/bin"] if "CUDA_HOME" in hostcfg.settings.extra_env else []
+    extra.append("/usr/local/cuda/bin")
+    try:
+        nvcc = host.find_command("nvcc", extrapaths=extra)
+    except ValueError:
+        pytest.fail(f"nvcc not found (PATH, {', '.join(extra)}): SGLang's JIT kernels need the CUDA toolkit",
+                    pytrace=False)
     r = probe.run(f"{shlex.quote(nvcc)} --version")
     assert r.rc == 0, f"{nvcc} --version failed (exit {r.rc}): {logic.one_line(r.stderr, 200)}"
     release = next((ln.strip() for ln in r.stdout.splitlines() if "release" in ln), "version unknown")

@@ -9,8 +9,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-console = Console(highlight=False, soft_wrap=True)
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+def _width(stream) -> int | None:
+    # piped output (logs, CI, tests) is not a terminal: do not wrap tables at 80 columns
+    return None if stream.isatty() else 200
+
+
+console = Console(highlight=False, soft_wrap=True, width=_width(sys.stdout))
+err_console = Console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
 
 
 @dataclass

@@ -148,10 +148,12 @@ def _stop_condition(name: str) -> None:
 def set_fault(name: str, **params) -> dict:
     """Activate a fault; returns its effective parameters."""
     key = normalise(name)
-    unknown = set(params) - set(ALL[key]["params"])
+    # every emulator fault can be scoped to one --speculative-algorithm ("DDTREE", "none" = autoregressive)
+    allowed = set(ALL[key]["params"]) | ({"algorithm"} if key in EMULATOR_FAULTS else set())
+    unknown = set(params) - allowed
     if unknown:
         raise ConfigError(f"fault {key} has no parameter(s) {', '.join(sorted(unknown))}",
-                          f"parameters: {', '.join(ALL[key]['params']) or '(none)'}")
+                          f"parameters: {', '.join(sorted(allowed)) or '(none)'}")
     effective = {**ALL[key]["params"], **params}
     if key in HOST_CONDITIONS:
         effective["pid"] = int(_start_condition(key, effective))

@@ -41,6 +41,7 @@ def wait_post_ok(inv, timeout: float = 90) -> CheckReport:
         report = run_checks(inv, "post")
         if report.ok or time.monotonic() > deadline:
             return report
+        print(f"waiting for post checks: {report.summary()}")
         time.sleep(1)
 
 
@@ -48,6 +49,7 @@ def wait_post_ok(inv, timeout: float = 90) -> CheckReport:
 def inv(lab_host):
     from opsctl.deploy import deploy
 
+    t0 = time.monotonic()
     lab_host.clear_faults()
     inventory = load_inventory(lab_host.inventory_dir)
     try:
@@ -60,7 +62,9 @@ def inv(lab_host):
         from checks_handmade import handmade_release
 
         warnings.warn(f"deploy() failed on the lab ({exc.one_line()}); laying out the release by hand")
+        print(f"deploy() failed after {time.monotonic() - t0:.1f}s: {exc.one_line()}")
         handmade_release(inventory, "lab", PROFILE)
+    print(f"release live after {time.monotonic() - t0:.1f}s")
     report = wait_post_ok(inventory)
     assert report.ok, explain(report)
     return inventory
@@ -79,6 +83,17 @@ def sh(lab_host, command: str, stdin: str | None = None) -> str:
     proc = lab_host.run(command, stdin=stdin, timeout=60)
     assert proc.returncode == 0, f"{command!r} failed: {proc.stderr or proc.stdout}"
     return proc.stdout
+
+
+def start_service(lab_host, unit: str, port: int = 30000) -> None:
+    """systemctl start, once the port has no TIME_WAIT sockets left: the lab's emulator binds without
+    SO_REUSEADDR, so a restart right after server-closed connections would fail to bind."""
+    deadline = time.monotonic() + 75
+    while time.monotonic() < deadline:
+        if not sh(lab_host, f"ss -Htan state time-wait '( sport = :{port} )'").strip():
+            break
+        time.sleep(1)
+    sh(lab_host, f"systemctl start {unit}")
 
 
 def test_good_deploy_passes_pre_and_post(lab, inv):
@@ -127,22 +142,6 @@ def test_truncated_weights_fail_checksums(lab, inv):
         sh(lab, f"cat {backup} > {ddir}/{victim} && rm -f {backup}")
 
 
-def test_stopped_service(lab, inv):
-    unit = inv.hosts["lab"].unit_name
-    sh(lab, f"systemctl stop {unit}")
-    try:
-        post = run_checks(inv, "post")
-        assert "unit_active" in failing(post), explain(post)
-        # what needs a running server fails with it; nothing else does
-        assert failing(post) <= SERVING, explain(post)
-        assert post.result("unit_file_matches_render").ok and post.result("drafter_checksums").ok
-        pre = run_checks(inv, "pre")
-        assert pre.ok, explain(pre)  # a stopped service leaves the host ready for a deploy
-        assert "free" in pre.result("service_port").message
-    finally:
-        sh(lab, f"systemctl start {unit}")
-
-
 def test_leftover_gpu_process(lab, inv):
     # a small leftover, so that free memory stays above min_free_mib: only the named check fails
     fault = lab.set_fault("gpu_leftover", memory_mib=1000)
@@ -152,20 +151,6 @@ def test_leftover_gpu_process(lab, inv):
     assert f"PID {fault['pid']}" in msg and "not owned by sglang-k26.service" in msg, msg
     lab.clear_faults()
     assert run_checks(inv, "pre").ok
-
-
-def test_port_taken_by_another_process(lab, inv):
-    unit = inv.hosts["lab"].unit_name
-    sh(lab, f"systemctl stop {unit}")  # free the port so that another process can take it
-    try:
-        fault = lab.set_fault("port_holder")
-        report = run_checks(inv, "pre")
-        only_fails(report, "service_port")
-        msg = report.result("service_port").message
-        assert f"port 30000 is taken by PID {fault['pid']}" in msg, msg
-    finally:
-        lab.clear_faults()
-        sh(lab, f"systemctl start {unit}")
 
 
 def test_too_little_disk(lab, inv):
@@ -199,3 +184,33 @@ def test_failing_pre_check_blocks_deploy_and_changes_nothing(lab, inv):
         conn.close()
     assert after.current == before.current and len(after.ledger) == len(before.ledger)
     assert sorted(after.releases) == sorted(before.releases)
+
+
+def test_stopped_service(lab, inv):
+    unit = inv.hosts["lab"].unit_name
+    sh(lab, f"systemctl stop {unit}")
+    try:
+        post = run_checks(inv, "post")
+        assert "unit_active" in failing(post), explain(post)
+        # what needs a running server fails with it; nothing else does
+        assert failing(post) <= SERVING, explain(post)
+        assert post.result("unit_file_matches_render").ok and post.result("drafter_checksums").ok
+        pre = run_checks(inv, "pre")
+        assert pre.ok, explain(pre)  # a stopped service leaves the host ready for a deploy
+        assert "free" in pre.result("service_port").message
+    finally:
+        start_service(lab, unit)
+
+
+def test_port_taken_by_another_process(lab, inv):
+    unit = inv.hosts["lab"].unit_name
+    sh(lab, f"systemctl stop {unit}")  # free the port so that another process can take it
+    try:
+        fault = lab.set_fault("port_holder")
+        report = run_checks(inv, "pre")
+        only_fails(report, "service_port")
+        msg = report.result("service_port").message
+        assert f"port 30000 is taken by PID {fault['pid']}" in msg, msg
+    finally:
+        lab.clear_faults()
+        start_service(lab, unit)

@@ -1,25 +1,17 @@
-import time, pytest
-from opsctl.config import load_inventory
-from opsctl.hosts import SSHConnection
+import time
+import testinfra
 
-def test_debug(lab_host):
-    from checks_handmade import handmade_release
-    import opsctl.deploy as D
-    for name in ['make_plan','switch','wait_ready']:
-        f=getattr(D,name)
-        def wrap(*a,_f=f,_n=name,**k):
-            t=time.monotonic(); r=_f(*a,**k); print(_n, round(time.monotonic()-t,2)); return r
-        setattr(D,name,wrap)
-    op=SSHConnection.run
-    def run(self,cmd,**k):
-        t=time.monotonic(); r=op(self,cmd,**k); dt=time.monotonic()-t
-        if dt>0.5: print('SLOW',round(dt,2),cmd[:100])
-        return r
-    SSHConnection.run=run
-    inv = load_inventory(lab_host.inventory_dir)
-    t = time.monotonic()
-    handmade_release(inv, "lab", "dflash")
-    print("handmade", time.monotonic() - t)
-    SSHConnection.run=op
-    print(lab_host.run("ss -tan | grep -c TIME-WAIT; ss -K state time-wait '( sport = :30000 )' ; echo rc=$?; ss -tan | grep TIME-WAIT | head -3").stdout)
-    print(lab_host.run("systemctl stop sglang-k26; ss -tan | grep -c TIME-WAIT; ss -K state time-wait '( sport = :30000 )' >/dev/null; echo rc=$?; ss -tan | grep -c TIME-WAIT; systemctl start sglang-k26; sleep 3; systemctl is-active sglang-k26").stdout)
+def test_latency(lab_host, tmp_path):
+    cfg = tmp_path / "ssh_config"
+    from opsctl.checks.plugin import ssh_config_text
+    cfg.write_text(ssh_config_text([lab_host.host_config], tmp_path))
+    for url in (f"ssh://lab?ssh_config={cfg}", f"paramiko://lab?ssh_config={cfg}"):
+        h = testinfra.get_host(url)
+        h.run("true")
+        t = time.monotonic()
+        for _ in range(10):
+            h.run("true")
+        print(url.split(":")[0], (time.monotonic() - t) / 10)
+    import subprocess
+    subprocess.run(["ssh", "-F", str(cfg), "-O", "exit", "lab"], capture_output=True)
+    print(lab_host.run("cat /etc/pam.d/sshd | grep -v '^#' | grep . ; grep -i usepam /etc/ssh/sshd_config").stdout)

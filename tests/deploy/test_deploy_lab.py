@@ -108,7 +108,7 @@ def test_rollback_to_unknown_release_is_a_clear_error(clean_lab, ops, snapshot):
 
 def test_start_failure_rolls_back_automatically(clean_lab, ops):
     before = live(clean_lab)
-    clean_lab.set_fault("capture_failure")
+    clean_lab.set_fault("capture_failure", algorithm="DDTREE")
     try:
         rc, out, err = ops.json("deploy", "ddtree", "--budget", "8", *FAST)
     finally:

@@ -66,52 +66,84 @@ def _unpack64(k, BITS: tl.constexpr):
 @triton.jit
 def _topk_chunk_kernel(
     x_ptr, stride_row, V, NCHUNK,
-    val_ptr, idx_ptr, m_ptr, s_ptr,
+    val_ptr, idx_ptr, m_ptr, s_ptr, scr_ptr,
     CHUNK: tl.constexpr, G: tl.constexpr, S: tl.constexpr, KP: tl.constexpr,
-    PACK64: tl.constexpr, BITS: tl.constexpr,
+    TG: tl.constexpr, CAP: tl.constexpr,
+    PACK64: tl.constexpr, BITS: tl.constexpr, EVEN: tl.constexpr,
 ):
     row = tl.program_id(0)
     c = tl.program_id(1)
     base = x_ptr + row.to(tl.int64) * stride_row
     start = c * CHUNK
-    offs = start + tl.arange(0, CHUNK)
-    msk = offs < V
-    x = tl.load(base + offs, mask=msk, other=float("-inf")).to(tl.float32)
-    m = tl.max(x, 0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    s = tl.sum(tl.exp(x - m_safe), 0)
+    loc = tl.arange(0, CHUNK)
+    offs = start + loc
+    if EVEN:
+        x = tl.load(base + offs).to(tl.float32)
+        xk = tl.maximum(x, -3.0e38)
+    else:
+        msk = offs < V
+        x = tl.load(base + offs, mask=msk, other=float("-inf")).to(tl.float32)
+        xk = tl.where(msk, tl.maximum(x, -3.0e38), -3.3e38)
+    # TG strided groups (element e -> group e % TG): their maxima give both the
+    # chunk max and a lower bound t on the chunk's KP-th largest value (the
+    # KP-th largest group maximum: KP distinct elements are >= it).
+    gm = tl.max(tl.reshape(xk, [CHUNK // TG, TG]), 0)
+    m = tl.max(gm, 0)
+    s = tl.sum(tl.exp(xk - m), 0)
     out = row * NCHUNK + c
     tl.store(m_ptr + out, m)
     tl.store(s_ptr + out, s)
-
-    xk = tl.where(msk, tl.maximum(x, -3.0e38), -3.3e38)
-    g = tl.max(tl.reshape(xk, [G, S]), 1)  # [G] group maxima
-    gi = tl.arange(0, G)
-    if PACK64:
-        tg = tl.topk(_pack64(g, gi, BITS), KP)
-        _, gid = _unpack64(tg, BITS)
-    else:
-        tg = tl.topk(_pack32(g, gi, BITS), KP)
-        _, gid = _unpack32(tg, BITS)
-    coffs = gid[:, None] * S + tl.arange(0, S)[None, :]  # [KP, S] chunk-local
-    cm = (start + coffs) < V
-    y = tl.load(base + start + coffs, mask=cm, other=float("-inf")).to(tl.float32)
-    yk = tl.where(cm, tl.maximum(y, -3.0e38), -3.3e38)
-    if PACK64:
-        t = tl.topk(tl.reshape(_pack64(yk, coffs, BITS), [KP * S]), KP)
-        val, li = _unpack64(t, BITS)
-    else:
-        t = tl.topk(tl.reshape(_pack32(yk, coffs, BITS), [KP * S]), KP)
-        val, li = _unpack32(t, BITS)
+    t = tl.min(tl.topk(gm, KP), 0)
+    sel = xk >= t
+    seli = sel.to(tl.int32)
+    cnt = tl.sum(seli, 0)
     k = tl.arange(0, KP)
-    tl.store(val_ptr + out * KP + k, val.to(tl.float32))
-    tl.store(idx_ptr + out * KP + k, start + li)
+    if cnt <= CAP:
+        # usual case: compact the few candidates (>= t) and top-KP them
+        pos = tl.cumsum(seli, 0) - 1
+        scr = scr_ptr + out.to(tl.int64) * CAP
+        if PACK64:
+            tl.store(scr + pos, _pack64(xk, loc, BITS), mask=sel)
+        else:
+            tl.store(scr + pos, _pack32(xk, loc, BITS), mask=sel)
+        tl.debug_barrier()
+        p = tl.arange(0, CAP)
+        if PACK64:
+            y = tl.load(scr + p, mask=p < cnt, other=-1.0e300)
+            val, li = _unpack64(tl.topk(y, KP), BITS)
+        else:
+            y = tl.load(scr + p, mask=p < cnt, other=-3.4e38)
+            val, li = _unpack32(tl.topk(y, KP), BITS)
+        tl.store(val_ptr + out * KP + k, val.to(tl.float32))
+        tl.store(idx_ptr + out * KP + k, start + li)
+    else:
+        # rare (adversarial / many ties): exact group-maxima selection
+        g = tl.max(tl.reshape(xk, [G, S]), 1)  # [G] contiguous-group maxima
+        gi = tl.arange(0, G)
+        if PACK64:
+            tg = tl.topk(_pack64(g, gi, BITS), KP)
+            _, gid = _unpack64(tg, BITS)
+        else:
+            tg = tl.topk(_pack32(g, gi, BITS), KP)
+            _, gid = _unpack32(tg, BITS)
+        coffs = gid[:, None] * S + tl.arange(0, S)[None, :]  # [KP, S] chunk-local
+        cm = (start + coffs) < V
+        y2 = tl.load(base + start + coffs, mask=cm, other=float("-inf")).to(tl.float32)
+        yk = tl.where(cm, tl.maximum(y2, -3.0e38), -3.3e38)
+        if PACK64:
+            t2 = tl.topk(tl.reshape(_pack64(yk, coffs, BITS), [KP * S]), KP)
+            val2, li2 = _unpack64(t2, BITS)
+        else:
+            t2 = tl.topk(tl.reshape(_pack32(yk, coffs, BITS), [KP * S]), KP)
+            val2, li2 = _unpack32(t2, BITS)
+        tl.store(val_ptr + out * KP + k, val2.to(tl.float32))
+        tl.store(idx_ptr + out * KP + k, start + li2)
 
 
 @triton.jit
 def _topk_merge_kernel(
     val_ptr, idx_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, NCHUNK, K,
-    NCP: tl.constexpr, KP: tl.constexpr, BITS: tl.constexpr,
+    NCP: tl.constexpr, KP: tl.constexpr, BITS: tl.constexpr, PACK64: tl.constexpr,
 ):
     row = tl.program_id(0)
     c = tl.arange(0, NCP)
@@ -125,9 +157,13 @@ def _topk_merge_kernel(
     lse = M_safe + tl.log(tot)
     p = tl.arange(0, NCP * KP)
     pm = p < NCHUNK * KP
-    v = tl.load(val_ptr + row * NCHUNK * KP + p, mask=pm, other=-3.3e38)
-    t = tl.topk(_pack64(v, p, BITS), KP)
-    val, pos = _unpack64(t, BITS)
+    if PACK64:
+        v = tl.load(val_ptr + row * NCHUNK * KP + p, mask=pm, other=-3.3e38)
+        val, pos = _unpack64(tl.topk(_pack64(v, p, BITS), KP), BITS)
+    else:
+        # values are exact 16-bit floats in float32: the low bits carry the position
+        v = tl.load(val_ptr + row * NCHUNK * KP + p, mask=pm, other=-3.3e38)
+        val, pos = _unpack32(tl.topk(_pack32(v, p, BITS), KP), BITS)
     ids = tl.load(idx_ptr + row * NCHUNK * KP + pos)
     k = tl.arange(0, KP)
     km = k < K
@@ -135,15 +171,26 @@ def _topk_merge_kernel(
     tl.store(id_ptr + row * K + k, ids.to(tl.int64), mask=km)
 
 
-def _chunk_params(V: int, KP: int):
-    CHUNK = min(4096, _next_pow2(V))
-    CHUNK = max(CHUNK, KP)
+# Launch configuration; bench/ may override entries (sweeps).
+CONFIG = {
+    "chunk": 8192,        # logits per stage-1 program (power of 2)
+    "chunk_warps": 8,
+    "merge_warps": None,  # None: by size
+    "tree_warps": None,   # None: by size
+}
+
+
+def _chunk_params(V: int, KP: int, chunk: int):
+    CHUNK = min(chunk, _next_pow2(V))
+    TG = 4 * KP
+    CHUNK = max(CHUNK, TG)
     G = max(KP, min(512, CHUNK))
     S = CHUNK // G
-    return CHUNK, G, S
+    CAP = 2 * KP
+    return CHUNK, G, S, TG, CAP
 
 
-def topk_logsumexp(x: torch.Tensor, K: int):
+def topk_logsumexp(x: torch.Tensor, K: int, chunk=None, chunk_warps=None, merge_warps=None):
     """``(top_lp[bs, L, K] float32, top_id[bs, L, K] int64)`` in one pass over ``x``."""
     bs, L, V = x.shape
     if x.stride(-1) != 1:
@@ -151,7 +198,10 @@ def topk_logsumexp(x: torch.Tensor, K: int):
     x2 = x.reshape(bs * L, V)
     rows = bs * L
     KP = max(2, _next_pow2(K))
-    CHUNK, G, S = _chunk_params(V, KP)
+    chunk = int(chunk or CONFIG["chunk"])
+    if x.dtype == torch.float16:
+        chunk = min(chunk, 8192)
+    CHUNK, G, S, TG, CAP = _chunk_params(V, KP, chunk)
     NCHUNK = triton.cdiv(V, CHUNK)
     if x.dtype == torch.bfloat16:
         pack64, bits = False, 16
@@ -163,24 +213,30 @@ def topk_logsumexp(x: torch.Tensor, K: int):
             x2 = x2.float()
     assert CHUNK <= (1 << bits)
     NCP = _next_pow2(NCHUNK)
-    assert NCP * KP <= (1 << 29)
+    # merge: 16-bit inputs pack the candidate position into float32's 16 low bits
+    m_pack64 = pack64 or NCP * KP > (1 << 16)
+    m_bits = 29 if m_pack64 else 16
+    assert NCP * KP <= (1 << m_bits)
     dev = x.device
     vals = torch.empty((rows, NCHUNK, KP), dtype=torch.float32, device=dev)
     idxs = torch.empty((rows, NCHUNK, KP), dtype=torch.int32, device=dev)
     ms = torch.empty((rows, NCHUNK), dtype=torch.float32, device=dev)
     ss = torch.empty((rows, NCHUNK), dtype=torch.float32, device=dev)
-    nw1 = 4 if KP * S <= 1024 else 8
+    scr = torch.empty((rows * NCHUNK * CAP,), dtype=torch.float64 if pack64 else torch.float32, device=dev)
+    nw1 = chunk_warps or CONFIG["chunk_warps"]
+    nw1 = max(1, min(nw1, CHUNK // 256))
     _topk_chunk_kernel[(rows, NCHUNK)](
-        x2, x2.stride(0), V, NCHUNK, vals, idxs, ms, ss,
-        CHUNK=CHUNK, G=G, S=S, KP=KP, PACK64=pack64, BITS=bits, num_warps=nw1,
+        x2, x2.stride(0), V, NCHUNK, vals, idxs, ms, ss, scr,
+        CHUNK=CHUNK, G=G, S=S, KP=KP, TG=TG, CAP=CAP, PACK64=pack64, BITS=bits,
+        EVEN=(V % CHUNK == 0), num_warps=nw1,
     )
     top_lp = torch.empty((bs, L, K), dtype=torch.float32, device=dev)
     top_id = torch.empty((bs, L, K), dtype=torch.int64, device=dev)
     n2 = NCP * KP
-    nw2 = 4 if n2 <= 2048 else (8 if n2 <= 8192 else 16)
+    nw2 = merge_warps or CONFIG["merge_warps"] or (4 if n2 <= 2048 else (8 if n2 <= 8192 else 16))
     _topk_merge_kernel[(rows,)](
         vals, idxs, ms, ss, top_lp, top_id, NCHUNK, K,
-        NCP=NCP, KP=KP, BITS=29, num_warps=nw2,
+        NCP=NCP, KP=KP, BITS=m_bits, PACK64=m_pack64, num_warps=nw2,
     )
     return top_lp, top_id
 

@@ -35,6 +35,10 @@ __all__ = [
     "sample_accept",
     "accept_walk",
     "AcceptResult",
+    "fill_custom_mask",
+    "to_eagle_accept",
+    "compact_accept_to_front",
+    "kv_move_plan",
 ]
 
 
@@ -193,3 +197,118 @@ def sample_accept(
     gumbel = -torch.log(expo.clamp(min=1e-20))
     post = (logits + gumbel).argmax(dim=-1)
     return accept_walk(trees, post, max_depth)
+
+
+# ---------------------------------------------------------------------------
+# SGLang EAGLE tree-verify conventions (used by the worker; additive helpers)
+# ---------------------------------------------------------------------------
+
+
+def fill_custom_mask(
+    visibility: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    seq_lens_sum: Optional[int] = None,
+) -> torch.Tensor:
+    """Write the FULL_MASK tree mask into a preallocated buffer of any dtype
+    (bool, or the uint8 ``VerifyMask.buffer`` of SGLang's Triton backend).
+
+    Same layout as :func:`build_custom_mask`.  With a host ``seq_lens_sum`` only
+    the used prefix of ``out`` is reset to True; without it the whole buffer is
+    (what SGLang's ``build_tree_kernel_efficient`` does with ``tree_mask_buf``),
+    so no device-to-host read is needed.  Returns ``out`` (the used prefix when
+    ``seq_lens_sum`` is given, else the whole buffer).
+    """
+    bs, N, _ = visibility.shape
+    dev = out.device
+    if seq_lens_sum is not None:
+        total = int(seq_lens_sum) * N + bs * N * N
+        if total > out.numel():
+            raise ValueError(f"mask buffer too small: {out.numel()} < {total}")
+        mask = out[:total]
+    else:
+        mask = out
+    mask.fill_(True)
+    seq_lens = seq_lens.to(device=dev, dtype=torch.long)
+    row_len = seq_lens + N
+    sizes = row_len * N
+    offsets = torch.cumsum(sizes, 0) - sizes
+    i = torch.arange(N, device=dev).view(1, N, 1)
+    j = torch.arange(N, device=dev).view(1, 1, N)
+    flat = offsets.view(bs, 1, 1) + i * row_len.view(bs, 1, 1) + seq_lens.view(bs, 1, 1) + j
+    mask.scatter_(0, flat.flatten(), visibility.to(device=dev, dtype=mask.dtype).flatten())
+    return mask
+
+
+def to_eagle_accept(res: AcceptResult, num_nodes: int):
+    """Our walk's result in the layout of SGLang's ``verify_tree_greedy`` /
+    ``eagle_sample`` outputs, so SGLang's commit helpers can consume it.
+
+    Returns ``(predict int32 [bs*N], accept_index int32 [bs, D+1], accept_lens int32 [bs])``:
+    ``accept_index`` holds *global* node indices ``b*N + i`` (root first, -1 padded);
+    ``predict[accept_index[b, k]]`` is the token committed after accepted node k
+    (the next accepted node's token, the bonus for the last one), other entries 0;
+    ``accept_lens`` = accepted drafts + 1 (the bonus), SGLang's ``accept_lens``.
+    """
+    acc = res.accept_index
+    bs, W = acc.shape
+    N = int(num_nodes)
+    dev = acc.device
+    base = (torch.arange(bs, device=dev) * N).view(bs, 1)
+    glob = torch.where(acc >= 0, acc + base, torch.full_like(acc, -1))
+    valid = glob >= 0
+    # committed[b, k] is the token after accepted node k (bonus at k = num_accepted);
+    # padded entries go to a sink slot (index bs*N) that is dropped.
+    ext = torch.zeros(bs * N + 1, dtype=torch.int32, device=dev)
+    ext.scatter_(0, torch.where(valid, glob, torch.full_like(glob, bs * N)).flatten(),
+                 torch.where(valid, res.committed, torch.zeros_like(res.committed)).to(torch.int32).flatten())
+    predict = ext[: bs * N].clone()
+    return predict, glob.to(torch.int32), res.accept_length.to(torch.int32)
+
+
+def compact_accept_to_front(x: torch.Tensor, accept_index: torch.Tensor, bs: int, num_nodes: int) -> torch.Tensor:
+    """Gather the accepted path to the front of each request's ``N``-row block
+    (same contract as SGLang's ``eagle_worker_common._compact_accept_to_front``:
+    ``x`` node-indexed ``[bs*N, ...]``, ``accept_index`` global, -1 padded; padded
+    entries land past ``accept_lens`` and are never read)."""
+    nd = int(num_nodes)
+    s1 = accept_index.shape[1]
+    safe = accept_index.to(torch.int64).clamp(min=0).reshape(-1)
+    out = x.clone()
+    out.view(bs, nd, *x.shape[1:])[:, :s1] = x[safe].view(bs, s1, *x.shape[1:])
+    return out
+
+
+def kv_move_plan(accept_index: torch.Tensor, accept_lens: torch.Tensor, out_cache_loc: torch.Tensor):
+    """``(tgt_cache_loc, src_cache_loc)`` int64 ``[bs*(D+1)]`` as SGLang's
+    ``spec_utils.move_accept_tokens_to_target_kvcache`` builds them: targets are
+    the first ``accept_lens[b]`` slots of request b's verify window, sources the
+    slots of its accepted nodes (root first), both packed request-major with
+    zero padding at the end.  ``move_kv_cache(tgt, src)`` then leaves the KV of
+    accepted node k at committed position ``seq_len + k``.  (Reference; the
+    worker calls SGLang's own function.)"""
+    bs, W = accept_index.shape
+    dev = accept_index.device
+    size = bs * W
+    loc = out_cache_loc.view(bs, -1).to(torch.int64)
+    N = loc.shape[1]
+    lens = accept_lens.to(torch.int64)
+    cols = torch.arange(W, device=dev).view(1, W)
+    valid = cols < lens.view(bs, 1)
+    dst_rank = (torch.cumsum(valid.flatten().to(torch.int64), 0) - 1).view(bs, W)
+    tgt = torch.zeros(size, dtype=torch.int64, device=dev)
+    src = torch.zeros(size, dtype=torch.int64, device=dev)
+    front = loc.gather(1, cols.clamp(max=N - 1).expand(bs, W))
+    idx = torch.where(valid, dst_rank, torch.full_like(dst_rank, size))
+    tgt_ext = torch.zeros(size + 1, dtype=torch.int64, device=dev)
+    tgt_ext.scatter_(0, idx.flatten(), front.flatten())
+    tgt.copy_(tgt_ext[:size])
+    acc = accept_index.to(torch.int64)
+    avalid = acc >= 0
+    a_rank = (torch.cumsum(avalid.flatten().to(torch.int64), 0) - 1).view(bs, W)
+    flat_loc = loc.flatten()
+    vals = flat_loc[acc.clamp(min=0)]
+    src_ext = torch.zeros(size + 1, dtype=torch.int64, device=dev)
+    src_ext.scatter_(0, torch.where(avalid, a_rank, torch.full_like(a_rank, size)).flatten(), vals.flatten())
+    src.copy_(src_ext[:size])
+    return tgt, src

@@ -55,3 +55,16 @@ def load() -> dict[str, dict]:
         if name in DEFAULTS:
             out[name] = {**DEFAULTS[name], **(params or {})}
     return out
+
+
+def for_algorithm(active: dict[str, dict], algorithm: str | None) -> dict[str, dict]:
+    """Faults scoped with `algorithm` (e.g. "DDTREE", or "none" for autoregressive)
+    apply only to a server started with that --speculative-algorithm, so a test can
+    break the release under test and still roll back to a healthy baseline."""
+    algo = (algorithm or "none").upper()
+    out = {}
+    for name, params in active.items():
+        scope = params.get("algorithm")
+        if scope is None or str(scope).upper() == algo:
+            out[name] = {k: v for k, v in params.items() if k != "algorithm"}
+    return out

@@ -129,7 +129,7 @@ class Emulator:
             log("INFO:     Waiting for application startup.")
             log("INFO:     Application startup complete.")
             log(f"ERROR:    [Errno {exc.errno or 98}] error while attempting to bind on address "
-                f"('{host}', {port}): {exc.strerror or 'address already in use'}")
+                f"('{host}', {port}): {(exc.strerror or 'address already in use').lower()}")
             log("INFO:     Waiting for application shutdown.")
             log("INFO:     Application shutdown complete.")
             gpu.unregister(os.getpid())
