@@ -526,6 +526,7 @@ def rollback(inventory: str | Path | Inventory, to: str | None = None, *, limit:
         steps = Steps(progress, host.name)
         conn = connect(host)
         try:
+            _rollback_target(host, read_state(conn, host), to)  # bad input fails before the lock is taken
             with HostLock(conn, host, "rollback"):
                 state = read_state(conn, host)
                 target = _rollback_target(host, state, to)

@@ -166,7 +166,10 @@ class SSHConnection:
 
         conn = self._connection()
         start = time.monotonic()
-        kwargs: dict = {"hide": True, "warn": True, "in_stream": io.StringIO(stdin) if stdin is not None else False}
+        if stdin is not None:
+            # invoke feeds in_stream a byte per 10 ms; send the bytes on the channel directly
+            return self._run_with_stdin(command, stdin, check=check, timeout=timeout, start=start)
+        kwargs: dict = {"hide": True, "warn": True, "in_stream": False}
         if on_stderr_line:  # stream stderr lines as they arrive (progress of long remote steps)
             kwargs.update(hide="stdout", err_stream=_LineWriter(on_stderr_line))
         if timeout:
@@ -181,6 +184,44 @@ class SSHConnection:
                 raise HostError(f"lost the SSH connection to {self.name} while running {command[:80]!r}: {exc}",
                                 "check the host is up, then run the command again") from exc
         result = Result(command, rc, out, err, time.monotonic() - start, self.name)
+        return result.check() if check else result
+
+    def _run_with_stdin(self, command: str, stdin: str, *, check: bool, timeout: float | None,
+                        start: float) -> Result:
+        transport = self._connection().client.get_transport()
+        try:
+            chan = transport.open_session(timeout=self.connect_timeout)
+            if timeout:
+                chan.settimeout(timeout)
+            chan.exec_command(command)
+            chan.sendall(stdin.encode())
+            chan.shutdown_write()
+            out, err = bytearray(), bytearray()
+            while True:
+                if chan.recv_ready():
+                    out += chan.recv(65536)
+                elif chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+                elif chan.exit_status_ready():
+                    while chan.recv_ready():
+                        out += chan.recv(65536)
+                    while chan.recv_stderr_ready():
+                        err += chan.recv_stderr(65536)
+                    break
+                else:
+                    if timeout and time.monotonic() - start > timeout:
+                        chan.close()
+                        result = Result(command, 124, out.decode(errors="replace"), f"timed out after {timeout}s",
+                                        time.monotonic() - start, self.name)
+                        return result.check() if check else result
+                    time.sleep(0.005)
+            rc = chan.recv_exit_status()
+            chan.close()
+        except Exception as exc:  # noqa: BLE001 - transport errors become one HostError
+            raise HostError(f"lost the SSH connection to {self.name} while running {command[:80]!r}: {exc}",
+                            "check the host is up, then run the command again") from exc
+        result = Result(command, rc, out.decode(errors="replace"), err.decode(errors="replace"),
+                        time.monotonic() - start, self.name)
         return result.check() if check else result
 
     def put(self, local: str | Path, remote: str, *, mode: int | None = None) -> Result:

@@ -6,14 +6,16 @@ boots once per session (tests/conftest.py's lab_host).
 """
 from __future__ import annotations
 
+import json
 import shlex
+import subprocess
+import sys
 import time
 
 import pytest
 
 from opsctl.checks.runner import CheckReport, run_checks
 from opsctl.config import load_inventory
-from opsctl.errors import OpsctlError
 
 pytestmark = pytest.mark.lab
 
@@ -35,13 +37,13 @@ def only_fails(report: CheckReport, *names: str) -> None:
     assert failing(report) == set(names), explain(report)
 
 
-def wait_post_ok(inv, timeout: float = 90) -> CheckReport:
+def wait_ok(inv, group: str = "all", timeout: float = 90) -> CheckReport:
     deadline = time.monotonic() + timeout
     while True:
-        report = run_checks(inv, "post")
+        report = run_checks(inv, group)
         if report.ok or time.monotonic() > deadline:
             return report
-        print(f"waiting for post checks: {report.summary()}")
+        print(f"waiting for the checks to pass: {report.summary()}")
         time.sleep(1)
 
 
@@ -52,20 +54,10 @@ def inv(lab_host):
     t0 = time.monotonic()
     lab_host.clear_faults()
     inventory = load_inventory(lab_host.inventory_dir)
-    try:
-        outcomes = deploy(inventory, PROFILE, None, gates=False, pre_checks=False)
-        assert outcomes[0].result in ("promoted", "unchanged"), outcomes[0].as_dict()
-    except OpsctlError as exc:
-        # TEMPORARY while opsctl.deploy cannot deploy on the lab yet: the same layout, by hand
-        import warnings
-
-        from checks_handmade import handmade_release
-
-        warnings.warn(f"deploy() failed on the lab ({exc.one_line()}); laying out the release by hand")
-        print(f"deploy() failed after {time.monotonic() - t0:.1f}s: {exc.one_line()}")
-        handmade_release(inventory, "lab", PROFILE)
+    outcomes = deploy(inventory, PROFILE, None, gates=False, pre_checks=False)
+    assert outcomes[0].result in ("promoted", "unchanged"), outcomes[0].as_dict()
     print(f"release live after {time.monotonic() - t0:.1f}s")
-    report = wait_post_ok(inventory)
+    report = wait_ok(inventory, "post")
     assert report.ok, explain(report)
     return inventory
 
@@ -75,7 +67,7 @@ def lab(lab_host, inv):
     """The lab with a good deploy; every case must leave pre and post passing again."""
     yield lab_host
     lab_host.clear_faults()
-    report = wait_post_ok(inv)
+    report = wait_ok(inv, "all")
     assert report.ok, "case did not restore the host: " + explain(report)
 
 
@@ -106,6 +98,20 @@ def test_good_deploy_passes_pre_and_post(lab, inv):
     assert "our service" in report.result("service_port").message, explain(report)
     assert report.result("drafter_checksums").outcome == "passed"
     assert all(r.host == "lab" for r in report.results)
+
+
+def test_cli_and_plain_pytest_on_good_host(lab, inv):
+    """The documented ways in: `opsctl check --json`, and plain pytest on the packaged suite."""
+    proc = subprocess.run([sys.executable, "-m", "opsctl", "check", "post", "-i", str(inv.path), "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["ok"] and data["counts"]["failed"] == 0 and data["hosts"] == ["lab"]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "opsctl.checks.plugin",
+                           "--pyargs", "opsctl.checks", "--inventory", str(inv.path), "-q"],
+                          capture_output=True, text=True, timeout=300, cwd="/")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "21 passed" in proc.stdout, proc.stdout[-2000:]
 
 
 def test_unit_file_edited_on_host_is_drift(lab, inv):

@@ -363,3 +363,15 @@ def test_gpu_registry_for_nvidia_smi(tmp_path):
     apps = subprocess.run([sys.executable, str(smi), "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
                           env=env, capture_output=True, text=True).stdout
     assert apps.strip() == ""
+
+
+@pytest.mark.parametrize("extra,want", [([], 98.0), (["--ep-size", "8"], 65.0)])
+def test_autoregressive_c1_matches_the_site(tmp_path, extra, want):
+    with Emu(tmp_path, ["--tp-size", "8", "--decode-log-interval", "10"] + extra) as emu:
+        emu.wait_ready()
+        emu.generate("a single request", 61)
+    lines = [d for d in decodes(emu) if d["running"] == "1"][1:]     # the first interval includes the prefill
+    assert len(lines) >= 4
+    for d in lines:
+        assert abs(float(d["gen"]) - want) / want < 0.10, (d, want)
+        assert d["accept_len"] is None

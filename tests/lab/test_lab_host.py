@@ -184,7 +184,14 @@ def _assert_nothing_left(nspawn_pid: int | None):
             assert b"--machine=opsctl-lab" not in cmd, (p.name, cmd)
 
 
-def test_zz_down_leaves_nothing_then_up_again(lab_host):
+def test_zz_unit_by_hand_then_down_leaves_nothing_then_up_again(lab_host):
+    """The whole chain: a unit installed by hand over SSH runs (`active`, journal), then the lab goes
+    down leaving no namespace, veth, mount, cgroup or process behind, and comes up again."""
+    unit = "[Service]\nExecStart=/bin/bash -c 'echo chain-test-line; exec sleep infinity'\n"
+    lab_host.run(f"cat > /etc/systemd/system/{UNIT} && systemctl daemon-reload && systemctl start {UNIT}",
+                 stdin=unit, check=True)
+    assert lab_host.run(f"systemctl is-active {UNIT}").stdout.strip() == "active"
+    assert _wait(lambda: "chain-test-line" in lab_host.run(f"journalctl -u {UNIT} -o cat --no-pager").stdout, 10)
     pid = lab.status(probe_ssh=False).pid
     assert pid
     t0 = time.monotonic()

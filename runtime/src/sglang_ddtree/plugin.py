@@ -11,9 +11,13 @@ What it does:
   * ``DDTreeSpecAlgo.get_num_tokens_per_req_for_target_verify`` = budget + 1
     (= ``--speculative-num-draft-tokens``) for the target, the drafter's
     block size for the draft worker;
-  * an AROUND hook on ``spec_info.create_dummy_verify_input`` so CUDA-graph
-    capture of the target verify gets a tree verify input (EagleVerifyInput
-    layout, ``draft_token_num = budget + 1``, custom mask) instead of ``None``.
+  * an AROUND hook on ``spec_info.create_dummy_verify_input`` (the dummy
+    forward / warm-up path, base_runner.py) and one on
+    ``DecodeCudaGraphRunner.get_spec_info`` (the target-verify CUDA-graph
+    capture itself): for DDTREE's target they return a tree verify input
+    (EagleVerifyInput layout, ``draft_token_num = budget + 1``, the runner's
+    custom-mask buffer) instead of DFlash's linear, possibly mask-less one, so
+    the captured attention metadata is the tree's.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ logger = logging.getLogger(__name__)
 
 ALGO_NAME = "DDTREE"
 DUMMY_VERIFY_TARGET = "sglang.srt.speculative.spec_info.create_dummy_verify_input"
+GRAPH_SPEC_INFO_TARGET = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info"
 
 _SPEC_CLASS = None
 
@@ -124,7 +129,7 @@ def make_dummy_verify_input(custom_mask, num_tokens_per_req: int, block_size: Op
         retrieve_next_token=None,
         retrieve_next_sibling=None,
         retrieve_cum_len=None,
-        spec_steps=L,
+        spec_steps=max(1, min(L, budget)),  # accept_index width = spec_steps + 1 <= budget + 1
         topk=max(2, budget),  # > 1: a tree (custom mask), not a chain
         draft_token_num=int(num_tokens_per_req),
         capture_hidden_mode=CaptureHiddenMode.FULL,
@@ -149,6 +154,29 @@ def _dummy_verify_hook(original_fn, *args, **kwargs):
     return original_fn(*args, **kwargs)
 
 
+def _graph_spec_info_hook(original_fn, runner, *args, **kwargs):
+    """AROUND ``DecodeCudaGraphRunner.get_spec_info(self, num_tokens)``: the
+    target-verify capture of DDTREE gets a tree ``EagleVerifyInput`` of
+    ``captured_req_width`` (= budget + 1) tokens per request with the runner's
+    custom-mask buffer; the drafter's runner and other algorithms are untouched."""
+    mr = getattr(runner, "model_runner", None)
+    algo = getattr(mr, "spec_algorithm", None)
+    if getattr(algo, "name", None) != ALGO_NAME or getattr(mr, "is_draft_worker", False):
+        return original_fn(runner, *args, **kwargs)
+    width = int(getattr(runner, "captured_req_width", 0) or 0)
+    if width <= 0:
+        width = int(mr.decode_num_tokens_per_req())  # = budget + 1 via DDTreeSpecAlgo
+    buffers = getattr(runner, "buffers", None)
+    return make_dummy_verify_input(getattr(buffers, "custom_mask", None), width, getattr(algo, "block_size", None))
+
+
+def _register_hook(target: str, fn) -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    if not any(h[1] is fn for h in HookRegistry._hooks.get(target, [])):
+        HookRegistry.register(target, fn, HookType.AROUND)
+
+
 def register() -> None:
     """Entry point ``ddtree`` in group ``sglang.srt.plugins``."""
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -162,10 +190,8 @@ def register() -> None:
             spec_class=_make_spec_class(),
         )(_worker_factory)
         logger.info("sglang_ddtree: registered speculative algorithm %s", ALGO_NAME)
-    try:
-        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-        if not any(h[1] is _dummy_verify_hook for h in HookRegistry._hooks.get(DUMMY_VERIFY_TARGET, [])):
-            HookRegistry.register(DUMMY_VERIFY_TARGET, _dummy_verify_hook, HookType.AROUND)
-    except Exception:  # pragma: no cover
-        logger.exception("sglang_ddtree: could not register the dummy-verify hook")
+    for target, fn in ((DUMMY_VERIFY_TARGET, _dummy_verify_hook), (GRAPH_SPEC_INFO_TARGET, _graph_spec_info_hook)):
+        try:
+            _register_hook(target, fn)
+        except Exception:  # pragma: no cover
+            logger.exception("sglang_ddtree: could not register the hook on %s", target)

@@ -66,84 +66,52 @@ def _unpack64(k, BITS: tl.constexpr):
 @triton.jit
 def _topk_chunk_kernel(
     x_ptr, stride_row, V, NCHUNK,
-    val_ptr, idx_ptr, m_ptr, s_ptr, scr_ptr,
+    val_ptr, idx_ptr, m_ptr, s_ptr,
     CHUNK: tl.constexpr, G: tl.constexpr, S: tl.constexpr, KP: tl.constexpr,
-    TG: tl.constexpr, CAP: tl.constexpr,
-    PACK64: tl.constexpr, BITS: tl.constexpr, EVEN: tl.constexpr,
+    PACK64: tl.constexpr, BITS: tl.constexpr,
 ):
     row = tl.program_id(0)
     c = tl.program_id(1)
     base = x_ptr + row.to(tl.int64) * stride_row
     start = c * CHUNK
-    loc = tl.arange(0, CHUNK)
-    offs = start + loc
-    if EVEN:
-        x = tl.load(base + offs).to(tl.float32)
-        xk = tl.maximum(x, -3.0e38)
-    else:
-        msk = offs < V
-        x = tl.load(base + offs, mask=msk, other=float("-inf")).to(tl.float32)
-        xk = tl.where(msk, tl.maximum(x, -3.0e38), -3.3e38)
-    # TG strided groups (element e -> group e % TG): their maxima give both the
-    # chunk max and a lower bound t on the chunk's KP-th largest value (the
-    # KP-th largest group maximum: KP distinct elements are >= it).
-    gm = tl.max(tl.reshape(xk, [CHUNK // TG, TG]), 0)
-    m = tl.max(gm, 0)
-    s = tl.sum(tl.exp(xk - m), 0)
+    offs = start + tl.arange(0, CHUNK)
+    msk = offs < V
+    x = tl.load(base + offs, mask=msk, other=float("-inf")).to(tl.float32)
+    m = tl.max(x, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    s = tl.sum(tl.exp(x - m_safe), 0)
     out = row * NCHUNK + c
     tl.store(m_ptr + out, m)
     tl.store(s_ptr + out, s)
-    t = tl.min(tl.topk(gm, KP), 0)
-    sel = xk >= t
-    seli = sel.to(tl.int32)
-    cnt = tl.sum(seli, 0)
-    k = tl.arange(0, KP)
-    if cnt <= CAP:
-        # usual case: compact the few candidates (>= t) and top-KP them
-        pos = tl.cumsum(seli, 0) - 1
-        scr = scr_ptr + out.to(tl.int64) * CAP
-        if PACK64:
-            tl.store(scr + pos, _pack64(xk, loc, BITS), mask=sel)
-        else:
-            tl.store(scr + pos, _pack32(xk, loc, BITS), mask=sel)
-        tl.debug_barrier()
-        p = tl.arange(0, CAP)
-        if PACK64:
-            y = tl.load(scr + p, mask=p < cnt, other=-1.0e300)
-            val, li = _unpack64(tl.topk(y, KP), BITS)
-        else:
-            y = tl.load(scr + p, mask=p < cnt, other=-3.4e38)
-            val, li = _unpack32(tl.topk(y, KP), BITS)
-        tl.store(val_ptr + out * KP + k, val.to(tl.float32))
-        tl.store(idx_ptr + out * KP + k, start + li)
+
+    xk = tl.where(msk, tl.maximum(x, -3.0e38), -3.3e38)
+    g = tl.max(tl.reshape(xk, [G, S]), 1)  # [G] group maxima
+    gi = tl.arange(0, G)
+    if PACK64:
+        tg = tl.topk(_pack64(g, gi, BITS), KP)
+        _, gid = _unpack64(tg, BITS)
     else:
-        # rare (adversarial / many ties): exact group-maxima selection
-        g = tl.max(tl.reshape(xk, [G, S]), 1)  # [G] contiguous-group maxima
-        gi = tl.arange(0, G)
-        if PACK64:
-            tg = tl.topk(_pack64(g, gi, BITS), KP)
-            _, gid = _unpack64(tg, BITS)
-        else:
-            tg = tl.topk(_pack32(g, gi, BITS), KP)
-            _, gid = _unpack32(tg, BITS)
-        coffs = gid[:, None] * S + tl.arange(0, S)[None, :]  # [KP, S] chunk-local
-        cm = (start + coffs) < V
-        y2 = tl.load(base + start + coffs, mask=cm, other=float("-inf")).to(tl.float32)
-        yk = tl.where(cm, tl.maximum(y2, -3.0e38), -3.3e38)
-        if PACK64:
-            t2 = tl.topk(tl.reshape(_pack64(yk, coffs, BITS), [KP * S]), KP)
-            val2, li2 = _unpack64(t2, BITS)
-        else:
-            t2 = tl.topk(tl.reshape(_pack32(yk, coffs, BITS), [KP * S]), KP)
-            val2, li2 = _unpack32(t2, BITS)
-        tl.store(val_ptr + out * KP + k, val2.to(tl.float32))
-        tl.store(idx_ptr + out * KP + k, start + li2)
+        tg = tl.topk(_pack32(g, gi, BITS), KP)
+        _, gid = _unpack32(tg, BITS)
+    coffs = gid[:, None] * S + tl.arange(0, S)[None, :]  # [KP, S] chunk-local
+    cm = (start + coffs) < V
+    y = tl.load(base + start + coffs, mask=cm, other=float("-inf")).to(tl.float32)
+    yk = tl.where(cm, tl.maximum(y, -3.0e38), -3.3e38)
+    if PACK64:
+        t = tl.topk(tl.reshape(_pack64(yk, coffs, BITS), [KP * S]), KP)
+        val, li = _unpack64(t, BITS)
+    else:
+        t = tl.topk(tl.reshape(_pack32(yk, coffs, BITS), [KP * S]), KP)
+        val, li = _unpack32(t, BITS)
+    k = tl.arange(0, KP)
+    tl.store(val_ptr + out * KP + k, val.to(tl.float32))
+    tl.store(idx_ptr + out * KP + k, start + li)
 
 
 @triton.jit
 def _topk_merge_kernel(
     val_ptr, idx_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, NCHUNK, K,
-    NCP: tl.constexpr, KP: tl.constexpr, BITS: tl.constexpr, PACK64: tl.constexpr,
+    NCP: tl.constexpr, KP: tl.constexpr, BITS: tl.constexpr,
 ):
     row = tl.program_id(0)
     c = tl.arange(0, NCP)
@@ -157,13 +125,9 @@ def _topk_merge_kernel(
     lse = M_safe + tl.log(tot)
     p = tl.arange(0, NCP * KP)
     pm = p < NCHUNK * KP
-    if PACK64:
-        v = tl.load(val_ptr + row * NCHUNK * KP + p, mask=pm, other=-3.3e38)
-        val, pos = _unpack64(tl.topk(_pack64(v, p, BITS), KP), BITS)
-    else:
-        # values are exact 16-bit floats in float32: the low bits carry the position
-        v = tl.load(val_ptr + row * NCHUNK * KP + p, mask=pm, other=-3.3e38)
-        val, pos = _unpack32(tl.topk(_pack32(v, p, BITS), KP), BITS)
+    v = tl.load(val_ptr + row * NCHUNK * KP + p, mask=pm, other=-3.3e38)
+    t = tl.topk(_pack64(v, p, BITS), KP)
+    val, pos = _unpack64(t, BITS)
     ids = tl.load(idx_ptr + row * NCHUNK * KP + pos)
     k = tl.arange(0, KP)
     km = k < K
@@ -171,38 +135,108 @@ def _topk_merge_kernel(
     tl.store(id_ptr + row * K + k, ids.to(tl.int64), mask=km)
 
 
-# Launch configuration; bench/ may override entries (sweeps).
+@triton.jit
+def _groupmax_kernel(
+    x_ptr, stride_row, V, NCHUNK, NGP,
+    gm_ptr, m_ptr, s_ptr,
+    CHUNK: tl.constexpr, S: tl.constexpr, EVEN: tl.constexpr,
+):
+    # v2 stage 1 (streaming, no sorting): each program reads CHUNK logits once
+    # and writes the maxima of its CHUNK // S contiguous groups of S, its max
+    # and its sum(exp(x - max)).
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    base = x_ptr + row.to(tl.int64) * stride_row
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    if EVEN:
+        x = tl.load(base + offs).to(tl.float32)
+        xk = tl.maximum(x, -3.0e38)
+    else:
+        msk = offs < V
+        x = tl.load(base + offs, mask=msk, other=float("-inf")).to(tl.float32)
+        xk = tl.where(msk, tl.maximum(x, -3.0e38), -3.3e38)
+    g = tl.max(tl.reshape(xk, [CHUNK // S, S]), 1)
+    m = tl.max(g, 0)
+    s = tl.sum(tl.exp(xk - m), 0)
+    out = row * NCHUNK + c
+    tl.store(m_ptr + out, m)
+    tl.store(s_ptr + out, s)
+    gi = tl.arange(0, CHUNK // S)
+    tl.store(gm_ptr + row.to(tl.int64) * NGP + c * (CHUNK // S) + gi, g)
+
+
+@triton.jit
+def _group_select_kernel(
+    x_ptr, stride_row, V, NCHUNK, NG,
+    gm_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, K,
+    NCP: tl.constexpr, NGP: tl.constexpr, S: tl.constexpr, KP: tl.constexpr,
+    GPACK64: tl.constexpr, GBITS: tl.constexpr,
+):
+    # v2 stage 2, one program per row: logsumexp from the chunks' (max, sum);
+    # the row's top-K elements lie in its top-K groups by group maximum, so
+    # top-KP of the NG group maxima, then top-KP of those groups' KP * S
+    # logits (re-read: KP * S elements, not the row).
+    row = tl.program_id(0)
+    c = tl.arange(0, NCP)
+    cm = c < NCHUNK
+    m = tl.load(m_ptr + row * NCHUNK + c, mask=cm, other=float("-inf"))
+    s = tl.load(s_ptr + row * NCHUNK + c, mask=cm, other=0.0)
+    M = tl.max(m, 0)
+    M_safe = tl.where(M == float("-inf"), 0.0, M)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    tot = tl.sum(tl.where(cm, s * tl.exp(m_safe - M_safe), 0.0), 0)
+    lse = M_safe + tl.log(tot)
+
+    p = tl.arange(0, NGP)
+    gv = tl.load(gm_ptr + row.to(tl.int64) * NGP + p, mask=p < NG, other=-3.4e38)
+    if GPACK64:
+        _, gid = _unpack64(tl.topk(_pack64(gv, p, GBITS), KP), GBITS)
+    else:
+        _, gid = _unpack32(tl.topk(_pack32(gv, p, GBITS), KP), GBITS)
+    coffs = gid[:, None] * S + tl.arange(0, S)[None, :]  # [KP, S] offsets in the row
+    cmask = coffs < V
+    base = x_ptr + row.to(tl.int64) * stride_row
+    y = tl.load(base + coffs, mask=cmask, other=float("-inf")).to(tl.float32)
+    yk = tl.where(cmask, tl.maximum(y, -3.0e38), -3.3e38)
+    t = tl.topk(tl.reshape(_pack64(yk, coffs, 29), [KP * S]), KP)
+    val, idx = _unpack64(t, 29)
+    k = tl.arange(0, KP)
+    km = k < K
+    tl.store(lp_ptr + row * K + k, val.to(tl.float32) - lse, mask=km)
+    tl.store(id_ptr + row * K + k, idx.to(tl.int64), mask=km)
+
+
+# Launch configuration.  "small" is used for bs * L <= SMALL_ROWS rows, "large"
+# above.  impl "v0": per-chunk top-K + merge; "v2": streaming group maxima +
+# per-row group selection.  bench/bench_build.py --tune times the candidates on
+# the device and reports which to use; the defaults below are its results.
 CONFIG = {
-    "chunk": 8192,        # logits per stage-1 program (power of 2)
-    "chunk_warps": 8,
-    "merge_warps": None,  # None: by size
-    "tree_warps": None,   # None: by size
+    "small": {"impl": "v0", "chunk": 4096, "warps": None, "sel_warps": None, "S": 64},
+    "large": {"impl": "v0", "chunk": 4096, "warps": None, "sel_warps": None, "S": 64},
+    "small_rows": 64,
+    "tree_warps": 8,
+    "tree_gather": False,
 }
 
 
-def _chunk_params(V: int, KP: int, chunk: int):
+def _chunk_params(V: int, KP: int, chunk: int = 4096):
     CHUNK = min(chunk, _next_pow2(V))
-    TG = 4 * KP
-    CHUNK = max(CHUNK, TG)
+    CHUNK = max(CHUNK, KP)
     G = max(KP, min(512, CHUNK))
     S = CHUNK // G
-    CAP = 2 * KP
-    return CHUNK, G, S, TG, CAP
+    return CHUNK, G, S
 
 
-def topk_logsumexp(x: torch.Tensor, K: int, chunk=None, chunk_warps=None, merge_warps=None):
+def topk_logsumexp(x: torch.Tensor, K: int, cfg=None):
     """``(top_lp[bs, L, K] float32, top_id[bs, L, K] int64)`` in one pass over ``x``."""
     bs, L, V = x.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
     x2 = x.reshape(bs * L, V)
     rows = bs * L
+    if cfg is None:
+        cfg = CONFIG["small"] if rows <= CONFIG["small_rows"] else CONFIG["large"]
     KP = max(2, _next_pow2(K))
-    chunk = int(chunk or CONFIG["chunk"])
-    if x.dtype == torch.float16:
-        chunk = min(chunk, 8192)
-    CHUNK, G, S, TG, CAP = _chunk_params(V, KP, chunk)
-    NCHUNK = triton.cdiv(V, CHUNK)
     if x.dtype == torch.bfloat16:
         pack64, bits = False, 16
     elif x.dtype == torch.float16:
@@ -211,32 +245,53 @@ def topk_logsumexp(x: torch.Tensor, K: int, chunk=None, chunk_warps=None, merge_
         pack64, bits = True, 29
         if x.dtype != torch.float32:
             x2 = x2.float()
+    dev = x.device
+    top_lp = torch.empty((bs, L, K), dtype=torch.float32, device=dev)
+    top_id = torch.empty((bs, L, K), dtype=torch.int64, device=dev)
+    if cfg.get("impl", "v0") == "v2":
+        S = int(cfg.get("S", 64))
+        S = max(1, min(S, _next_pow2(V)))
+        CHUNK = max(S, min(int(cfg.get("chunk", 4096)), _next_pow2(V)))
+        NCHUNK = triton.cdiv(V, CHUNK)
+        NG = NCHUNK * (CHUNK // S)
+        NGP = _next_pow2(max(NG, KP))
+        NCP = _next_pow2(NCHUNK)
+        gpack64 = pack64 or NGP > (1 << bits)
+        gbits = 29 if gpack64 else bits
+        gms = torch.empty((rows, NGP), dtype=torch.float32, device=dev)
+        ms = torch.empty((rows, NCHUNK), dtype=torch.float32, device=dev)
+        ss = torch.empty((rows, NCHUNK), dtype=torch.float32, device=dev)
+        nw1 = max(1, min(int(cfg.get("warps") or 4), CHUNK // 256))
+        _groupmax_kernel[(rows, NCHUNK)](
+            x2, x2.stride(0), V, NCHUNK, NGP, gms, ms, ss,
+            CHUNK=CHUNK, S=S, EVEN=(V % CHUNK == 0), num_warps=nw1,
+        )
+        n2 = max(NGP, KP * S)
+        nw2 = cfg.get("sel_warps") or (4 if n2 <= 1024 else 8)
+        _group_select_kernel[(rows,)](
+            x2, x2.stride(0), V, NCHUNK, NG, gms, ms, ss, top_lp, top_id, K,
+            NCP=NCP, NGP=NGP, S=S, KP=KP, GPACK64=gpack64, GBITS=gbits, num_warps=nw2,
+        )
+        return top_lp, top_id
+    CHUNK, G, S = _chunk_params(V, KP, int(cfg.get("chunk", 4096)))
+    NCHUNK = triton.cdiv(V, CHUNK)
     assert CHUNK <= (1 << bits)
     NCP = _next_pow2(NCHUNK)
-    # merge: 16-bit inputs pack the candidate position into float32's 16 low bits
-    m_pack64 = pack64 or NCP * KP > (1 << 16)
-    m_bits = 29 if m_pack64 else 16
-    assert NCP * KP <= (1 << m_bits)
-    dev = x.device
+    assert NCP * KP <= (1 << 29)
     vals = torch.empty((rows, NCHUNK, KP), dtype=torch.float32, device=dev)
     idxs = torch.empty((rows, NCHUNK, KP), dtype=torch.int32, device=dev)
     ms = torch.empty((rows, NCHUNK), dtype=torch.float32, device=dev)
     ss = torch.empty((rows, NCHUNK), dtype=torch.float32, device=dev)
-    scr = torch.empty((rows * NCHUNK * CAP,), dtype=torch.float64 if pack64 else torch.float32, device=dev)
-    nw1 = chunk_warps or CONFIG["chunk_warps"]
-    nw1 = max(1, min(nw1, CHUNK // 256))
+    nw1 = cfg.get("warps") or (4 if KP * S <= 1024 else 8)
     _topk_chunk_kernel[(rows, NCHUNK)](
-        x2, x2.stride(0), V, NCHUNK, vals, idxs, ms, ss, scr,
-        CHUNK=CHUNK, G=G, S=S, KP=KP, TG=TG, CAP=CAP, PACK64=pack64, BITS=bits,
-        EVEN=(V % CHUNK == 0), num_warps=nw1,
+        x2, x2.stride(0), V, NCHUNK, vals, idxs, ms, ss,
+        CHUNK=CHUNK, G=G, S=S, KP=KP, PACK64=pack64, BITS=bits, num_warps=nw1,
     )
-    top_lp = torch.empty((bs, L, K), dtype=torch.float32, device=dev)
-    top_id = torch.empty((bs, L, K), dtype=torch.int64, device=dev)
     n2 = NCP * KP
-    nw2 = merge_warps or CONFIG["merge_warps"] or (4 if n2 <= 2048 else (8 if n2 <= 8192 else 16))
+    nw2 = cfg.get("sel_warps") or (4 if n2 <= 2048 else (8 if n2 <= 8192 else 16))
     _topk_merge_kernel[(rows,)](
         vals, idxs, ms, ss, top_lp, top_id, NCHUNK, K,
-        NCP=NCP, KP=KP, BITS=m_bits, PACK64=m_pack64, num_warps=nw2,
+        NCP=NCP, KP=KP, BITS=29, num_warps=nw2,
     )
     return top_lp, top_id
 
@@ -248,7 +303,7 @@ def _tree_kernel(
     tok_ptr, par_ptr, dep_ptr, val_ptr, vis_ptr,
     HAS_ROOT: tl.constexpr, L: tl.constexpr, K: tl.constexpr, B: tl.constexpr,
     LP: tl.constexpr, BP: tl.constexpr, KP: tl.constexpr, NP: tl.constexpr,
-    EPS: tl.constexpr,
+    CP: tl.constexpr, EPS: tl.constexpr, GATHER: tl.constexpr,
 ):
     b = tl.program_id(0)
     lpb = lp_ptr + b * (L * K)
@@ -257,29 +312,54 @@ def _tree_kernel(
     rk = rk_ptr + b * (LP * BP)
     pos = pos_ptr + b * (LP * BP)
     bb = tl.arange(0, BP)
-    kk = tl.arange(0, KP)
+
+    # Pruned candidate list.  Beam and top-K are sorted descending, so candidate
+    # (i, j) (beam rank i, token rank j) is beaten by the (i+1)(j+1)-1 candidates
+    # (i' <= i, j' <= j): only those with (i+1)(j+1) <= B can be in the top B
+    # (~B ln B of them instead of B*K).  Row i holds min(K, B // (i+1)) of them;
+    # candidate c -> (row, col) through the rows' exclusive prefix sums.
+    cnt_i = tl.where(bb < B, tl.minimum(B // (bb + 1), K), 0)
+    pre = tl.cumsum(cnt_i, 0) - cnt_i
+    total = tl.sum(cnt_i, 0)
+    cc = tl.arange(0, CP)
+    le = (pre[None, :] <= cc[:, None]) & (cnt_i[None, :] > 0)  # [CP, BP]
+    crow = tl.sum(le.to(tl.int32), 1) - 1
+    ccol = cc - tl.max(tl.where(le, pre[None, :], 0), 1)
+    cvalid = cc < total
+    crow = tl.where(cvalid, crow, 0)
+    ccol = tl.where(cvalid, ccol, 0)
+    cflat = crow * KP + ccol
 
     # depth 1 (index 0): the top-K tokens themselves
     negb = tl.full([BP], -1.0e30, tl.float64)
-    negk = tl.full([KP], -1.0e30, tl.float64)
     beam = tl.load(lpb + bb, mask=bb < K, other=0.0).to(tl.float64)
     beam = tl.where(bb < K, beam, negb)
     tl.store(sc + bb, beam)
     tl.store(ps + bb, tl.zeros([BP], dtype=tl.int32))
     tl.store(rk + bb, bb)
+    if not GATHER:
+        tl.debug_barrier()
+    kk = tl.arange(0, KP)
     for d in range(1, L):
-        lpd = tl.load(lpb + d * K + kk, mask=kk < K, other=0.0).to(tl.float64)
-        lpd = tl.where(kk < K, lpd, negk)
-        cand = beam[:, None] + lpd[None, :]
-        flat = bb[:, None] * KP + kk[None, :]
-        t = tl.topk(tl.reshape(_pack64(cand, flat, 12), [BP * KP]), BP)
+        if GATHER:  # register gathers (no round trip through memory)
+            lpd = tl.load(lpb + d * K + kk, mask=kk < K, other=0.0).to(tl.float64)
+            bi = tl.gather(beam, crow, 0)
+            lj = tl.gather(lpd, ccol, 0)
+        else:
+            bi = tl.load(sc + (d - 1) * BP + crow)
+            lj = tl.load(lpb + d * K + ccol).to(tl.float64)
+        cand = tl.where(cvalid, bi + lj, -3.0e30)
+        t = tl.topk(_pack64(cand, cflat, 12), BP)
         s, j = _unpack64(t, 12)
         s = tl.where(bb < B, s, negb)
         tl.store(sc + d * BP + bb, s)
         tl.store(ps + d * BP + bb, j // KP)
         tl.store(rk + d * BP + bb, j % KP)
         beam = s
-    tl.debug_barrier()
+        if not GATHER:
+            tl.debug_barrier()
+    if GATHER:
+        tl.debug_barrier()
 
     # global top-B over all depths (shallower first on ties), depth-major order
     ll = tl.arange(0, LP)
@@ -317,19 +397,30 @@ def _tree_kernel(
     tl.store(par_ptr + ob, tl.full([], -1, tl.int64))
     tl.store(dep_ptr + ob, tl.zeros([], dtype=tl.int64))
     tl.store(val_ptr + ob, tl.full([], 1, tl.int8))
-    tl.debug_barrier()
 
     # ancestor mask: walk up at most L steps from every node
     ii = tl.arange(0, NP)
     im = ii < (B + 1)
-    alive = im & (tl.load(val_ptr + ob + ii, mask=im, other=0) != 0)
     cur = ii
     vis = tl.zeros([NP, NP], dtype=tl.int1)
-    for _ in range(L + 1):
-        vis = vis | ((ii[None, :] == cur[:, None]) & alive[:, None])
-        nxt = tl.load(par_ptr + ob + cur, mask=alive, other=-1).to(tl.int32)
-        alive = alive & (nxt >= 0)
-        cur = tl.where(alive, nxt, 0)
+    if GATHER:
+        gi = tl.minimum(tl.maximum(ii - 1, 0), BP - 1)
+        inb = (ii >= 1) & (ii <= B)
+        parv = tl.where(inb, tl.gather(tl.where(nv, pnode, -1), gi, 0), -1)
+        alive = (ii == 0) | (inb & (tl.gather(nv.to(tl.int32), gi, 0) != 0))
+        for _ in range(L + 1):
+            vis = vis | ((ii[None, :] == cur[:, None]) & alive[:, None])
+            nxt = tl.gather(parv, cur, 0)
+            alive = alive & (nxt >= 0)
+            cur = tl.where(alive, nxt, 0)
+    else:
+        tl.debug_barrier()
+        alive = im & (tl.load(val_ptr + ob + ii, mask=im, other=0) != 0)
+        for _ in range(L + 1):
+            vis = vis | ((ii[None, :] == cur[:, None]) & alive[:, None])
+            nxt = tl.load(par_ptr + ob + cur, mask=alive, other=-1).to(tl.int32)
+            alive = alive & (nxt >= 0)
+            cur = tl.where(alive, nxt, 0)
     vm = im[:, None] & im[None, :]
     tl.store(vis_ptr + b * ((B + 1) * (B + 1)) + ii[:, None] * (B + 1) + ii[None, :], vis.to(tl.int8), mask=vm)
 
@@ -341,7 +432,11 @@ def tree_kernel_supported(L: int, B: int, K: int) -> bool:
     return L <= 16 and B <= 64 and BP * KP <= 4096 and LP * BP <= 4096
 
 
-def build_trees_from_top_triton(top_lp, top_id, budget, root_tokens=None) -> DDTrees:
+def _num_candidates(B: int, K: int) -> int:
+    return sum(min(K, B // (i + 1)) for i in range(B))
+
+
+def build_trees_from_top_triton(top_lp, top_id, budget, root_tokens=None, num_warps=None, gather=None) -> DDTrees:
     bs, L, K = top_lp.shape
     B = int(budget)
     N = B + 1
@@ -363,10 +458,13 @@ def build_trees_from_top_triton(top_lp, top_id, budget, root_tokens=None) -> DDT
     vis = torch.empty((bs, N, N), dtype=torch.int8, device=dev)
     has_root = root_tokens is not None
     root = root_tokens.to(device=dev, dtype=torch.int64).contiguous() if has_root else tokens
-    nw = 4 if BP * KP <= 1024 and NP <= 64 else 8
+    CP = max(BP, _next_pow2(_num_candidates(B, K)))
+    nw = num_warps or CONFIG["tree_warps"] or (4 if CP <= 256 and NP <= 64 else 8)
+    if gather is None:
+        gather = CONFIG["tree_gather"]
     _tree_kernel[(bs,)](
         top_lp, top_id, root, sc, ps, rk, pos, tokens, parents, depths, valid, vis,
-        HAS_ROOT=has_root, L=L, K=K, B=B, LP=LP, BP=BP, KP=KP, NP=NP, EPS=DEPTH_EPS,
+        HAS_ROOT=has_root, L=L, K=K, B=B, LP=LP, BP=BP, KP=KP, NP=NP, CP=CP, EPS=DEPTH_EPS, GATHER=bool(gather),
         num_warps=nw,
     )
     return DDTrees(tokens, parents, depths, vis.view(torch.bool), valid.view(torch.bool))

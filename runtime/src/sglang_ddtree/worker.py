@@ -1,37 +1,233 @@
-"""DDTree worker on top of SGLang's DFlash worker (GPU server only).
+"""DDTree worker on top of SGLang 0.5.23's DFlash worker (spec-v2).
 
-Imported lazily by the plugin's worker factory: importing SGLang's DFlash
-worker needs the full CUDA stack (sgl_kernel, flashinfer, ...), which CI does
-not have.  What this module provides:
+Imported lazily by the plugin's worker factory: SGLang's DFlash worker needs
+the full CUDA stack (sgl_kernel, flashinfer, transformers, ...), which CI does
+not have.  Everything SGLang-specific is imported inside functions, so the
+tensor helpers at module level import (and are tested) on a bare CPU torch.
 
-  * ``DDTreeWorkerV2(DFlashWorkerV2)``: constructs the DFlash drafter with the
-    drafter's own block size (config.json ``block_size``), while the target
-    verify width is ``--speculative-num-draft-tokens`` = budget + 1;
-  * ``build_verify`` : drafter logits [bs, L, V] + bonus tokens -> DDTrees +
-    an ``EagleVerifyInput`` (tree tokens, positions, FULL custom mask,
-    retrieve_index / next_token / next_sibling), all on the GPU, no host sync;
-  * ``accept``       : target logits -> accepted node indices, accept length,
-    next bonus token (greedy walk, or target-only sampling for T > 0).
+One decode step of ``DDTreeWorkerV2`` (``_ddtree_decode``), per batch of bs
+requests, budget B, N = B + 1 verify tokens, drafter block ``block_size``,
+L = block_size - 1:
 
-NOT done yet (see runtime/README.md): wiring ``build_verify`` / ``accept``
-into ``DFlashWorkerV2.forward_batch_generation`` in place of DFlash's linear
-block verify (draft-logits capture from the DFlash head, KV-cache and
-target-hidden compaction to the accepted indices).  Until then the class
-behaves as the DFlash worker for drafting.
+ 1. **draft** (DFlash's drafter, unchanged model): one non-causal block forward
+    of ``[bonus, mask * L]`` at positions ``seq_len + [0..L]``, KV written into
+    the first ``block_size`` slots of this step's window (``N >= block_size``
+    slots reserved by ``DFlashDraftInputV2.prepare_for_decode``: 2N per step);
+    the drafter's hidden states -> the target's LM head -> per-position top-K
+    log-probabilities (exact under vocab-parallel TP: per-shard top-K and
+    logsumexp, all-gathered and merged) -> ``build_trees_from_top`` /
+    ``build_trees`` (budget B, root = bonus token).
+ 2. **tree verify**: an ``EagleVerifyInput`` (draft_token ``[bs*N]``, positions
+    ``seq_len + depth``, FULL_MASK custom mask = committed prefix | ancestors,
+    retrieve_index / next_token / next_sibling, spec_steps = L,
+    draft_token_num = N) and SGLang's ``eagle_prepare_for_verify`` ->
+    ``ForwardBatch`` (TARGET_VERIFY, capture_hidden FULL) -> ONE target forward
+    of N tokens per request (CUDA graph captured at N per request: plugin).
+ 3. **accept**: SGLang's ``eagle_sample`` - greedy: ``verify_tree_greedy`` on
+    the retrieve links (the same walk as ``verify.greedy_accept``); temperature
+    > 0: ``tree_speculative_sampling_target_only`` with zero draft probs
+    (target-only sampling, lossless); penalties / grammar as for EAGLE.
+ 4. **commit + compaction**: SGLang's ``_finalize_accept_tree_path``: the
+    target KV of the accepted nodes moved to window slots ``0..accept_len-1``
+    (``move_accept_tokens_to_target_kvcache``), ``predict`` and the target's
+    captured hidden states gathered to the front of each request's N-row
+    block.  Committed tokens = ``predict[b, :accept_len]`` (accepted drafts +
+    bonus); new seq_len = seq_len + accept_len.
+ 5. **drafter context**: the compacted target hidden states of the accepted
+    path are projected into the drafter's KV at committed positions
+    ``seq_len + k`` (DFlash's ``_append_target_hidden_to_draft_kv_by_loc``,
+    prefix-valid write of ``accept_len`` rows per request).
+
+Prefill, idle and (DP) extend-in-batch steps are DFlash's own code (the
+drafter's context after prefill is identical).
+
+Not supported (rejected with a clear error): drafter block_size > B + 1,
+draft sliding window (``--speculative-draft-window-size``), selector /
+LiLiCorr / Domino drafters, DP attention, mamba/hybrid-linear targets,
+rejection sampling, pp > 1; attention backends other than triton and
+flashinfer (the ones that consume the EAGLE tree custom mask; fa3/trtllm key
+their tree path on ``--speculative-eagle-topk``, which DDTREE pins to 1) unless
+``SGLANG_DDTREE_ALLOW_ANY_BACKEND=1``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 from typing import Optional
 
 import torch
 
 from .config import budget_from_num_draft_tokens, read_block_size
-from .tree import DDTrees, build_trees
-from .verify import AcceptResult, build_verify_inputs, greedy_accept, sample_accept
+from .tree import DDTrees, build_trees, build_trees_from_top
+from .verify import AcceptResult, build_verify_inputs, fill_custom_mask, greedy_accept, retrieve_links, sample_accept
+
+logger = logging.getLogger(__name__)
 
 _WORKER_CLS = None
+
+# attention backends whose TARGET_VERIFY path reads spec_info.custom_mask (tree mask)
+TREE_MASK_BACKENDS = frozenset({"TritonAttnBackend", "FlashInferAttnBackend"})
+
+
+# ---------------------------------------------------------------------------
+# tensor helpers (no SGLang import; CPU-tested)
+# ---------------------------------------------------------------------------
+
+
+def shard_top_logits(hidden: torch.Tensor, weight: torch.Tensor, k: int, vocab_start: int = 0, chunk_rows: int = 256):
+    """One vocab shard of the LM head: ``(top_logits f32 [n, k'], ids int64 [n, k'], lse f32 [n])``
+    with ``k' = min(k, shard vocab)`` and ids global (``+ vocab_start``).  Rows in
+    chunks so the ``[n, V]`` logits never exist at once."""
+    n = int(hidden.shape[0])
+    Vs = int(weight.shape[0])
+    kk = min(int(k), Vs)
+    dev = hidden.device
+    vals = torch.empty((n, kk), dtype=torch.float32, device=dev)
+    ids = torch.empty((n, kk), dtype=torch.int64, device=dev)
+    lse = torch.empty((n,), dtype=torch.float32, device=dev)
+    for s in range(0, n, int(chunk_rows)):
+        e = min(n, s + int(chunk_rows))
+        hs = hidden[s:e]
+        if hs.dtype != weight.dtype:
+            hs = hs.to(weight.dtype)
+        logits = torch.matmul(hs, weight.T).float()
+        lse[s:e] = torch.logsumexp(logits, dim=-1)
+        v, i = torch.topk(logits, kk, dim=-1)
+        vals[s:e] = v
+        ids[s:e] = i + int(vocab_start)
+    return vals, ids, lse
+
+
+def merge_shard_tops(vals: torch.Tensor, ids: torch.Tensor, lse: torch.Tensor, k: int):
+    """Merge per-shard top-K: ``vals/ids [tp, n, k']``, ``lse [tp, n]`` ->
+    ``(top_lp f32 [n, k], top_id int64 [n, k])`` = the exact top-k log-softmax of
+    the full vocabulary (global lse = logsumexp of the shards' lse; the global
+    top-k is within the union of the shards' top-k)."""
+    tp, n, kk = vals.shape
+    k = min(int(k), tp * kk)
+    glse = torch.logsumexp(lse.float(), dim=0)  # [n]
+    cat_v = vals.permute(1, 0, 2).reshape(n, tp * kk).float()
+    cat_i = ids.permute(1, 0, 2).reshape(n, tp * kk)
+    v, j = torch.topk(cat_v, k, dim=-1)
+    return v - glse.view(n, 1), cat_i.gather(1, j)
+
+
+def draft_top_log_probs(
+    draft_hidden: torch.Tensor,
+    weight: torch.Tensor,
+    k: int,
+    *,
+    vocab_start: int = 0,
+    tp_group=None,
+):
+    """Drafter block hidden states ``[bs, block, H]`` (position 0 = the bonus/root)
+    -> ``(top_lp [bs, L, k], top_id [bs, L, k])`` over the target vocabulary.
+    ``weight``: this rank's ``[V_shard, H]`` (padding rows excluded);
+    ``tp_group``: SGLang group with ``world_size`` and ``all_gather_into_tensor``
+    (None / world_size 1 = unsharded)."""
+    bs, blk, H = draft_hidden.shape
+    L = blk - 1
+    hs = draft_hidden[:, 1:, :].reshape(bs * L, H)
+    vals, ids, lse = shard_top_logits(hs, weight, k, vocab_start)
+    tp = 1 if tp_group is None else int(tp_group.world_size)
+    if tp == 1:
+        top_lp, top_id = vals - lse.view(-1, 1), ids
+    else:
+        n, kk = vals.shape
+        g_v = torch.empty((tp * n * kk,), dtype=vals.dtype, device=vals.device)
+        g_i = torch.empty((tp * n * kk,), dtype=ids.dtype, device=ids.device)
+        g_l = torch.empty((tp * n,), dtype=lse.dtype, device=lse.device)
+        tp_group.all_gather_into_tensor(g_v, vals.contiguous().view(-1))
+        tp_group.all_gather_into_tensor(g_i, ids.contiguous().view(-1))
+        tp_group.all_gather_into_tensor(g_l, lse.contiguous())
+        top_lp, top_id = merge_shard_tops(g_v.view(tp, n, kk), g_i.view(tp, n, kk), g_l.view(tp, n), k)
+    K = top_lp.shape[-1]
+    return top_lp.view(bs, L, K), top_id.view(bs, L, K)
+
+
+def draft_trees(draft_hidden, weight, budget: int, root_tokens, *, vocab_start: int = 0, tp_group=None) -> DDTrees:
+    """Drafter hidden states -> DDTrees (root = bonus token)."""
+    top_lp, top_id = draft_top_log_probs(
+        draft_hidden, weight, min(int(budget), int(weight.shape[0])), vocab_start=vocab_start, tp_group=tp_group
+    )
+    return build_trees_from_top(top_lp, top_id, int(budget), root_tokens)
+
+
+def tree_verify_fields(
+    trees: DDTrees,
+    seq_lens: torch.Tensor,
+    spec_steps: int,
+    seq_lens_sum: Optional[int] = None,
+    mask_buf: Optional[torch.Tensor] = None,
+) -> dict:
+    """Keyword arguments of SGLang's ``EagleVerifyInput`` for one tree verify.
+
+    ``seq_lens``: committed lengths (the root/bonus is written at ``seq_lens[b]``).
+    Mask: into ``mask_buf`` (any dtype; e.g. the attention backend's
+    ``VerifyMask.buffer``) when given, else a fresh bool tensor sized from the
+    host ``seq_lens_sum``.  No host sync when either ``mask_buf`` or
+    ``seq_lens_sum`` is given.
+    """
+    bs, N = trees.tokens.shape
+    if mask_buf is not None:
+        vt_mask = fill_custom_mask(trees.visibility, seq_lens, mask_buf, seq_lens_sum)
+        ridx, nxt, sib = retrieve_links(trees)
+        draft_token = trees.tokens.flatten()
+        positions = (seq_lens.to(trees.depths.device, torch.long).view(bs, 1) + trees.depths).flatten()
+    else:
+        vt = build_verify_inputs(trees, seq_lens, seq_lens_sum)
+        vt_mask, ridx, nxt, sib = vt.custom_mask, vt.retrieve_index, vt.retrieve_next_token, vt.retrieve_next_sibling
+        draft_token, positions = vt.draft_token, vt.positions
+    return dict(
+        draft_token=draft_token,
+        custom_mask=vt_mask,
+        positions=positions,
+        retrieve_index=ridx,
+        retrieve_next_token=nxt,
+        retrieve_next_sibling=sib,
+        retrieve_cum_len=None,
+        spec_steps=int(spec_steps),
+        # > 1 marks a tree (custom mask) for backends that gate on it; the
+        # verify kernels take the shape from retrieve_* and draft_token_num.
+        topk=max(2, N - 1),
+        draft_token_num=N,
+        seq_lens_sum=seq_lens_sum,
+        seq_lens_cpu=None,
+    )
+
+
+def make_tree_verify_input(trees, seq_lens, spec_steps, seq_lens_sum=None, mask_buf=None, **extra):
+    """SGLang ``EagleVerifyInput`` for a batch of trees (needs SGLang's GPU-side imports)."""
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+    from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+    kw = tree_verify_fields(trees, seq_lens, spec_steps, seq_lens_sum, mask_buf)
+    kw["capture_hidden_mode"] = CaptureHiddenMode.FULL
+    kw.update(extra)
+    return EagleVerifyInput(**kw)
+
+
+def committed_outputs(predict: torch.Tensor, accept_lens: torch.Tensor, seq_lens: torch.Tensor, num_nodes: int):
+    """After front compaction: ``(bonus [bs] int64, new_seq_lens [bs])``;
+    committed tokens of request b are ``predict.view(bs, N)[b, :accept_lens[b]]``."""
+    bs = int(accept_lens.shape[0])
+    p = predict.view(bs, int(num_nodes))
+    lens = accept_lens.to(torch.int64)
+    bonus = p.gather(1, (lens - 1).clamp(min=0).view(bs, 1)).view(bs).to(torch.int64)
+    return bonus, seq_lens + lens.to(seq_lens.dtype)
+
+
+def check_shapes(budget: int, block_size: int) -> None:
+    if int(block_size) < 2:
+        raise ValueError(f"DDTREE: drafter block_size must be >= 2, got {block_size}")
+    if int(block_size) > int(budget) + 1:
+        raise ValueError(
+            f"DDTREE: the drafter block ({block_size}) must fit the verify window "
+            f"(--speculative-num-draft-tokens = budget + 1 = {int(budget) + 1}); the per-step KV "
+            f"reservation is 2 x num-draft-tokens. Raise --speculative-num-draft-tokens to >= {block_size}."
+        )
 
 
 class _SpecView:
@@ -48,34 +244,6 @@ class _SpecView:
         return getattr(self._spec, name)
 
 
-def make_worker_class():
-    global _WORKER_CLS
-    if _WORKER_CLS is not None:
-        return _WORKER_CLS
-    from sglang.srt.speculative import dflash_worker_v2 as dfw
-    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
-
-    class DDTreeWorkerV2(DFlashWorkerV2):
-        def __init__(self, server_args, *args, **kwargs):
-            spec = dfw.get_spec()
-            self.ddtree_budget = budget_from_num_draft_tokens(spec.speculative_num_draft_tokens)
-            self.ddtree_block_size = read_block_size(spec.speculative_draft_model_path)
-            with _patched_spec(dfw, self.ddtree_block_size):
-                super().__init__(server_args, *args, **kwargs)
-            # DFlash reads this as its drafter width; the tree verify width is:
-            self.ddtree_num_verify_tokens = self.ddtree_budget + 1
-            self._ddtree_mask_buf: Optional[torch.Tensor] = None
-
-        def build_verify(self, draft_logits, bonus_tokens, seq_lens, seq_lens_sum: int):
-            return build_verify(draft_logits, bonus_tokens, seq_lens, seq_lens_sum, self.ddtree_budget)
-
-        def accept(self, trees: DDTrees, target_logits, temperature=None) -> AcceptResult:
-            return accept(trees, target_logits, self.ddtree_block_size - 1, temperature)
-
-    _WORKER_CLS = DDTreeWorkerV2
-    return DDTreeWorkerV2
-
-
 @contextlib.contextmanager
 def _patched_spec(mod, block_size: int):
     orig = mod.get_spec
@@ -86,30 +254,347 @@ def _patched_spec(mod, block_size: int):
         mod.get_spec = orig
 
 
-def build_verify(draft_logits, bonus_tokens, seq_lens, seq_lens_sum: int, budget: int, mask_buf=None):
-    """Trees + SGLang ``EagleVerifyInput`` for one decode step (GPU, graph-safe)."""
-    trees = build_trees(draft_logits, budget, bonus_tokens)
-    vt = build_verify_inputs(trees, seq_lens, seq_lens_sum, mask_buf)
-    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-    from sglang.srt.speculative.eagle_info import EagleVerifyInput
+# ---------------------------------------------------------------------------
+# the worker
+# ---------------------------------------------------------------------------
 
-    L = int(draft_logits.shape[1])
-    vi = EagleVerifyInput(
-        draft_token=vt.draft_token,
-        custom_mask=vt.custom_mask,
-        positions=vt.positions,
-        retrieve_index=vt.retrieve_index,
-        retrieve_next_token=vt.retrieve_next_token,
-        retrieve_next_sibling=vt.retrieve_next_sibling,
-        retrieve_cum_len=None,
-        spec_steps=L,
-        topk=max(2, budget),
-        draft_token_num=budget + 1,
-        capture_hidden_mode=CaptureHiddenMode.FULL,
-        seq_lens_sum=seq_lens_sum,
-        seq_lens_cpu=None,
-    )
-    return trees, vi
+
+def make_worker_class():
+    global _WORKER_CLS
+    if _WORKER_CLS is not None:
+        return _WORKER_CLS
+    from sglang.srt.speculative import dflash_worker_v2 as dfw
+
+    DFlashWorkerV2 = dfw.DFlashWorkerV2
+
+    class DDTreeWorkerV2(DFlashWorkerV2):
+        """DFlash drafter + DDTree tree verify (see module docstring)."""
+
+        def __init__(self, server_args, *args, **kwargs):
+            spec = dfw.get_spec()
+            self.ddtree_budget = budget_from_num_draft_tokens(spec.speculative_num_draft_tokens)
+            self.ddtree_block_size = read_block_size(spec.speculative_draft_model_path)
+            check_shapes(self.ddtree_budget, self.ddtree_block_size)
+            if getattr(spec, "speculative_use_rejection_sampling", False):
+                raise ValueError("DDTREE uses target-only sampling; --speculative-use-rejection-sampling is not supported.")
+            with _patched_spec(dfw, self.ddtree_block_size):
+                super().__init__(server_args, *args, **kwargs)
+            # DFlash's own width (self.block_size / speculative_num_draft_tokens)
+            # is the drafter block; the tree verify width is:
+            self.ddtree_num_verify_tokens = self.ddtree_budget + 1
+            self.ddtree_L = int(self.ddtree_block_size) - 1
+            # accept_index width = spec_steps + 1 must fit the N-row block that
+            # SGLang's front compaction writes into (depth <= min(L, B))
+            self.ddtree_spec_steps = min(self.ddtree_L, self.ddtree_budget)
+            self._ddtree_checked = False
+            for attr, what in (("selector", "selector"), ("lilicorr", "LiLiCorr")):
+                if getattr(self, attr, None) is not None:
+                    raise ValueError(f"DDTREE needs a plain DFlash drafter; {what} heads are not supported.")
+            if getattr(self, "_is_domino", False):
+                raise ValueError("DDTREE needs a plain DFlash drafter; Domino is not supported.")
+            if getattr(self, "use_compact_draft_cache", False):
+                raise ValueError("DDTREE does not support --speculative-draft-window-size.")
+
+        # -- DFlash hooks we turn off ------------------------------------
+        def _maybe_build_draft_sampler(self):
+            # DFlash folds a greedy argmax head into the draft CUDA graph; DDTree
+            # needs the block's hidden states (full distributions), so the draft
+            # graph ends at the hidden states and the head runs after it.
+            return None
+
+        def _defer_target_verify_gather(self):
+            # Keep full (gathered) verify logits: eagle_sample consumes them.
+            return None
+
+        # -- convenience (tests / debugging) -------------------------------
+        def build_verify(self, draft_logits, bonus_tokens, seq_lens, seq_lens_sum: int):
+            return build_verify(draft_logits, bonus_tokens, seq_lens, seq_lens_sum, self.ddtree_budget)
+
+        def accept(self, trees: DDTrees, target_logits, temperature=None) -> AcceptResult:
+            return accept(trees, target_logits, self.ddtree_L, temperature)
+
+        # -- the decode step ---------------------------------------------
+        def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
+            if batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle():
+                return super().forward_batch_generation(
+                    batch, on_publish=on_publish, grammar_barrier=grammar_barrier, pp_proxy_tensors=pp_proxy_tensors
+                )
+            return self._ddtree_decode(batch, on_publish=on_publish, grammar_barrier=grammar_barrier,
+                                       pp_proxy_tensors=pp_proxy_tensors)
+
+        def _ddtree_runtime_checks(self):
+            if self._ddtree_checked:
+                return
+            from sglang.srt.runtime_context import get_parallel
+            from sglang.srt.speculative.dflash_utils import resolve_dflash_verify_mask_policy
+
+            if get_parallel().attn_dp_enabled:
+                raise NotImplementedError("DDTREE does not support DP attention yet.")
+            if getattr(self, "_need_mamba_verify_commit", False):
+                raise NotImplementedError("DDTREE does not support mamba / hybrid-linear targets yet.")
+            name, _ = resolve_dflash_verify_mask_policy(self.model_runner.attn_backend)
+            if name not in TREE_MASK_BACKENDS and os.environ.get("SGLANG_DDTREE_ALLOW_ANY_BACKEND", "0") != "1":
+                raise NotImplementedError(
+                    f"DDTREE tree verify needs an attention backend that reads the EAGLE custom mask "
+                    f"({sorted(TREE_MASK_BACKENDS)}); got {name}. Use --attention-backend triton or flashinfer "
+                    f"(or set SGLANG_DDTREE_ALLOW_ANY_BACKEND=1 at your own risk)."
+                )
+            self._ddtree_checked = True
+
+        def _ddtree_draft(self, batch, draft_input, window_2d):
+            """DFlash's draft block forward (eager-fallback path of
+            DFlashWorkerV2.forward_batch_generation, block = first block_size
+            slots of the N-slot window).  Returns the block hidden states [bs, block, H]."""
+            from sglang.srt.lora.layers import unwrap_lora_layer
+            from sglang.srt.model_executor.forward_batch_info import (
+                CaptureHiddenMode,
+                ForwardBatch,
+                ForwardMode,
+                enable_num_token_non_padded,
+            )
+            from sglang.srt.speculative.dflash_worker_v2 import _resolve_dflash_embedding_module
+            from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+            from sglang.srt.speculative.spec_utils import draft_tp_context
+
+            bs = int(batch.seq_lens.shape[0])
+            blk = int(self.block_size)
+            device = self.device
+            prefix_lens = batch.seq_lens
+            target_model = self.target_worker.model_runner.model
+            embed_module = unwrap_lora_layer(_resolve_dflash_embedding_module(self.draft_model, target_model))
+
+            block_ids = torch.full((bs, blk), int(self._mask_token_id), dtype=torch.long, device=device)
+            block_ids[:, 0].copy_(draft_input.bonus_tokens.view(-1))
+            positions = (prefix_lens.to(torch.int64).unsqueeze(1) + self._block_pos_offsets).reshape(-1)
+            block_loc = window_2d[:, :blk].contiguous().reshape(-1)
+
+            if self._full_embed_gpu is not None:
+                noise = torch.nn.functional.embedding(block_ids, self._full_embed_gpu)
+            else:
+                noise = embed_module(block_ids)
+            if self._noise_embed_scale != 1.0:
+                noise = noise * self._noise_embed_scale
+            input_embeds = noise.view(-1, noise.shape[-1])
+
+            seq_lens_cpu = self._draft_seq_lens_cpu_buf[:bs]
+            if batch.seq_lens_cpu is not None:
+                seq_lens_cpu.copy_(batch.seq_lens_cpu)
+                seq_lens_cpu.add_(blk)
+                draft_seq_lens_sum = int(seq_lens_cpu.sum())
+            elif draft_input.nxt_kv_lens_cpu is not None:
+                seq_lens_cpu.copy_(draft_input.nxt_kv_lens_cpu)
+                draft_seq_lens_sum = int(draft_input.nxt_kv_lens_sum)
+            else:
+                for i, req in enumerate(batch.reqs):
+                    seq_lens_cpu[i] = req.kv.kv_allocated_len
+                draft_seq_lens_sum = int(seq_lens_cpu.sum())
+
+            plan = self.target_worker.model_runner.kv_index_translator.plan(
+                req_pool_indices=batch.req_pool_indices,
+                seq_lens=prefix_lens,
+                seq_lens_cpu=batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu,
+                write_virtual=block_loc,
+                read_extent=blk,
+            )
+            fb = ForwardBatch(
+                forward_mode=ForwardMode.TARGET_VERIFY,
+                batch_size=bs,
+                input_ids=block_ids.flatten(),
+                req_pool_indices=batch.req_pool_indices,
+                seq_lens=prefix_lens,
+                out_cache_loc=block_loc,
+                seq_lens_sum=draft_seq_lens_sum,
+                seq_lens_cpu=seq_lens_cpu,
+                positions=positions,
+                input_embeds=input_embeds,
+                spec_algorithm=SpeculativeAlgorithm.DFLASH,
+                spec_info=self._draft_block_spec_info,
+                capture_hidden_mode=CaptureHiddenMode.NULL,
+                num_token_non_padded=(
+                    torch.full((), bs * blk, dtype=torch.int32, device=device) if enable_num_token_non_padded() else None
+                ),
+                global_num_token_non_padded_cpu=bs * blk,
+                can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph,
+            )
+            plan.bind(fb, self.draft_model_runner.kv_index_translator)
+            with torch.inference_mode(), draft_tp_context(self.draft_parallel_layout):
+                out = self.draft_model_runner.forward(fb)
+            hidden = out.logits_output.hidden_states
+            if hidden is None:
+                raise RuntimeError("DDTREE: the DFlash draft forward returned no hidden states.")
+            return hidden.view(bs, blk, -1)
+
+        def _ddtree_trees(self, draft_hidden, bonus_tokens):
+            from sglang.srt.lora.layers import unwrap_lora_layer
+            from sglang.srt.runtime_context import get_parallel
+            from sglang.srt.speculative.dflash_utils import is_dense_head_weight
+            from sglang.srt.speculative.spec_utils import draft_tp_context
+
+            lm_head = unwrap_lora_layer(getattr(self.target_worker.model_runner.model, "lm_head", None))
+            weight = getattr(lm_head, "weight", None)
+            if weight is None or not is_dense_head_weight(weight):
+                raise NotImplementedError("DDTREE needs a dense target lm_head weight (quantized heads: not yet).")
+            shard = getattr(lm_head, "shard_indices", None)
+            with draft_tp_context(self.draft_parallel_layout):
+                if shard is None:
+                    w, start, group = weight, 0, None
+                else:
+                    if int(shard.num_added_elements) > 0:
+                        raise NotImplementedError("DDTREE: added (LoRA) vocabulary in the LM head is not supported.")
+                    w = weight[: int(shard.num_org_elements)]
+                    start = int(shard.org_vocab_start_index)
+                    group = get_parallel().tp_group
+                    if int(group.world_size) == 1:
+                        group = None
+                return draft_trees(draft_hidden, w, self.ddtree_budget, bonus_tokens, vocab_start=start, tp_group=group)
+
+        def _ddtree_decode(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
+            from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+            from sglang.srt.layers.logprob_processor import compute_spec_logprobs
+            from sglang.srt.managers.utils import GenerationBatchResult
+            from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+            from sglang.srt.speculative.eagle_utils import TreeMaskMode, eagle_prepare_for_verify, eagle_sample
+            from sglang.srt.speculative.eagle_worker_common import _finalize_accept_tree_path
+            from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
+
+            self._ddtree_runtime_checks()
+            draft_input = batch.spec_info
+            if not isinstance(draft_input, DFlashDraftInputV2):
+                raise RuntimeError("DDTREE expected DFlashDraftInputV2 state on the running batch.")
+            if batch.seq_lens.is_cuda:  # carried over from the previous overlap iteration
+                batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
+            bs = int(batch.seq_lens.shape[0])
+            N = self.ddtree_num_verify_tokens
+            device = self.device
+            prefix_lens = batch.seq_lens
+            req_to_token = self.model_runner.req_to_token_pool.req_to_token
+            self._ensure_draft_block_buffers(bs)
+
+            # this step's window: N slots per request from the over-allocated row
+            window = assign_extend_cache_locs_func(
+                req_pool_indices=batch.req_pool_indices,
+                req_to_token=req_to_token,
+                start_offset=prefix_lens,
+                end_offset=prefix_lens + N,
+                batch_size=bs,
+                draft_token_num=N,
+                device=device,
+            )
+            window_2d = window.view(bs, N)
+
+            # 1) draft block -> trees
+            draft_hidden = self._ddtree_draft(batch, draft_input, window_2d)
+            trees = self._ddtree_trees(draft_hidden, draft_input.bonus_tokens.view(-1))
+
+            # 2) tree verify input (EAGLE layout), mask into the backend's buffer when it fits
+            attn = self.model_runner.attn_backend
+            vm = getattr(attn, "verify_mask", None)
+            mask_buf, seq_lens_sum = None, None
+            if vm is not None and vm.mode == TreeMaskMode.FULL_MASK and vm.fits(bs):
+                # as EAGLE: write into the backend's (graph-captured) buffer, reset whole
+                mask_buf = vm.buffer
+            elif draft_input.nxt_kv_lens_sum is not None:
+                # host upper bound of the committed lengths (reserved lengths); the
+                # layout itself follows the device seq_lens, over-size is safe
+                seq_lens_sum = int(draft_input.nxt_kv_lens_sum)
+            elif batch.seq_lens_cpu is not None:
+                seq_lens_sum = int(batch.seq_lens_cpu.sum())
+            else:
+                seq_lens_sum = bs * int(attn.max_context_len)
+            verify_plan = self.model_runner.kv_index_translator.plan(
+                req_pool_indices=batch.req_pool_indices,
+                seq_lens=prefix_lens,
+                seq_lens_cpu=batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu,
+                write_virtual=window,
+                read_extent=N,
+            )
+            verify_input = make_tree_verify_input(
+                trees, prefix_lens, self.ddtree_spec_steps, seq_lens_sum=seq_lens_sum, mask_buf=mask_buf,
+                prepared_out_cache_loc=window, kv_loc_plan=verify_plan,
+            )
+            grammar_tree = (
+                GrammarTree.from_device(
+                    verify_input.retrieve_next_token,
+                    verify_input.retrieve_next_sibling,
+                    verify_input.draft_token.view(verify_input.retrieve_next_token.shape),
+                )
+                if batch.has_grammar
+                else None
+            )
+            batch.spec_info = verify_input
+            verify_fb, can_run_cuda_graph = eagle_prepare_for_verify(
+                verify_input, self.model_runner.req_to_token_pool, batch, self.target_worker
+            )
+            target_out = self.target_worker.forward_batch_generation(
+                batch=None, forward_batch=verify_fb, is_verify=True, pp_proxy_tensors=pp_proxy_tensors
+            )
+            logits_output = target_out.logits_output
+
+            # 3) accept (greedy tree walk / target-only sampling), SGLang's own kernels
+            grammar_mask = None
+            if batch.has_grammar:
+                grammar_mask = build_grammar_vocab_mask(
+                    reqs=batch.reqs, tree=grammar_tree, sampling_info=batch.sampling_info,
+                    device=verify_input.retrieve_next_token.device, barrier=grammar_barrier,
+                )
+            predict, accept_lens, accept_index = eagle_sample(verify_input, batch, logits_output, grammar_mask)
+            if batch.return_logprob:
+                compute_spec_logprobs(batch, logits_output, predict, accept_index=accept_index)
+
+            # 4) commit + target KV / hidden compaction to the accepted path
+            predict = _finalize_accept_tree_path(
+                batch, accept_index, accept_lens, predict, logits_output, bs,
+                token_to_kv_pool_allocator=self.model_runner.token_to_kv_pool_allocator,
+                num_draft_tokens=N,
+            )
+            bonus, new_seq_lens = committed_outputs(predict, accept_lens, prefix_lens, N)
+            if on_publish is not None:
+                on_publish(new_seq_lens)
+
+            # 5) drafter context: projected target hidden of the accepted path at seq_len + k
+            hidden = logits_output.hidden_states
+            if hidden is None:
+                raise RuntimeError("DDTREE verify requires target hidden states (capture FULL), got None.")
+            hidden = hidden[: bs * N]
+            front_pos = (prefix_lens.to(torch.int64).unsqueeze(1) + torch.arange(N, device=device)).reshape(-1)
+            cache_loc = self._draft_write_ids(verify_plan)
+            self._append_target_hidden_to_draft_kv_by_loc(
+                target_hidden=hidden.reshape(bs * N, -1),
+                cache_loc=cache_loc,
+                cache_loc_2d=cache_loc.view(bs, N),
+                positions=front_pos,
+                commit_lens=accept_lens.to(torch.int32),
+            )
+            logits_output.hidden_states = None
+
+            next_draft_input = self._make_next_draft_input_decode(bonus_tokens=bonus, new_seq_lens=new_seq_lens)
+            return GenerationBatchResult(
+                logits_output=logits_output,
+                next_token_ids=predict,
+                accept_lens=accept_lens,
+                can_run_cuda_graph=can_run_cuda_graph,
+                next_draft_input=next_draft_input,
+                speculative_num_draft_tokens=N,
+                new_seq_lens=new_seq_lens,
+                routed_experts_output=target_out.routed_experts_output,
+                indexer_topk_output=target_out.indexer_topk_output,
+                extra_keep_alive_refs=[verify_fb],
+            )
+
+    _WORKER_CLS = DDTreeWorkerV2
+    return DDTreeWorkerV2
+
+
+# ---------------------------------------------------------------------------
+# standalone entry points (kept from the first version; used by tests/bench)
+# ---------------------------------------------------------------------------
+
+
+def build_verify(draft_logits, bonus_tokens, seq_lens, seq_lens_sum: int, budget: int, mask_buf=None):
+    """Trees + SGLang ``EagleVerifyInput`` for one decode step from drafter logits (GPU, graph-safe)."""
+    trees = build_trees(draft_logits, budget, bonus_tokens)
+    steps = min(int(draft_logits.shape[1]), int(budget))
+    return trees, make_tree_verify_input(trees, seq_lens, steps, seq_lens_sum=seq_lens_sum, mask_buf=mask_buf)
 
 
 def accept(trees: DDTrees, target_logits, max_depth: int, temperature=None) -> AcceptResult:

@@ -168,7 +168,7 @@ class Emulator:
         while not req.finished:
             await req.updates.get()
 
-    def _emit(self, req: Req, n: int, now: float) -> None:
+    def _emit(self, req: Req, n: int, now: float, decode: bool = True) -> None:
         pos = len(req.out)
         for i in range(n):
             req.out.append(req.gen.token(pos + i))
@@ -182,7 +182,8 @@ class Emulator:
             req.t_last = now
             if not req.internal:
                 self.gen_tokens_total += n
-            self.iv_gen_tokens += n
+            if decode:  # SGLang's gen throughput counts decode tokens (not prefill's first token)
+                self.iv_gen_tokens += n
         if len(req.out) >= req.max_new:
             req.finished = True
             if not req.internal:
@@ -213,6 +214,11 @@ class Emulator:
         loop = asyncio.get_running_loop()
         t_next = loop.time()
 
+        def after(dt: float) -> float:
+            # catch-up scheduling: sleep overshoot (~1 ms per asyncio sleep) must not accumulate
+            now = loop.time()
+            return (t_next if now - t_next < 0.05 else now) + dt
+
         async def until(t: float) -> None:
             d = t - loop.time()
             if d > 0:
@@ -223,18 +229,20 @@ class Emulator:
                 self.wakeup.clear()
                 await self.wakeup.wait()
                 t_next = loop.time()
+                # the next decode line measures the busy period only (SGLang's would include the idle gap)
                 self.iv_tic = time.monotonic()
+                self.iv_gen_tokens = 0
                 continue
             admitted = []
             while self.waiting and len(self.running) + len(admitted) < self.max_running:
                 admitted.append(self.waiting.popleft())
             if admitted:
                 ntok = sum(len(r.input_ids) for r in admitted)
-                t_next = max(t_next, loop.time()) + self.model.prefill_ms(ntok) / 1000.0
+                t_next = after(self.model.prefill_ms(ntok) / 1000.0)
                 await until(t_next)
                 now = time.monotonic()
                 for r in admitted:
-                    self._emit(r, min(1, r.max_new), now)
+                    self._emit(r, min(1, r.max_new), now, decode=False)
                 self.running.extend(admitted)
                 used = sum(len(r.input_ids) + len(r.out) for r in self.running)
                 log(f"Prefill batch, #new-seq: {len(admitted)}, #new-token: {ntok}, #cached-token: 0, "
@@ -258,7 +266,7 @@ class Emulator:
                     f"tensor b ({b * self.width}) at non-singleton dimension 0",
                     rank=self.rank, prefix="Scheduler hit an exception: ", sigquit=True)
             batch = len(self.running)
-            t_next = max(t_next, loop.time()) + self.model.step_ms(batch) / 1000.0
+            t_next = after(self.model.step_ms(batch) / 1000.0)
             await until(t_next)
             now = time.monotonic()
             m = self.accept_len - 1.0

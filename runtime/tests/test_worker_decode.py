@@ -1,0 +1,373 @@
+"""``DDTreeWorkerV2._ddtree_decode`` itself, run on the CPU step after step.
+
+The worker's decode method is executed unchanged; what it imports from SGLang
+is replaced (in ``sys.modules``, for this test only) by small stand-ins, and the
+DFlash base class by a stand-in that owns a toy target (the paged random-weight
+transformer of test_worker_step.py, float64) and a toy drafter whose "hidden
+states" are its logits (the LM head is the identity).  The stand-ins follow
+SGLang 0.5.23's contracts:
+  * ``eagle_prepare_for_verify``: out_cache_loc = ``prepared_out_cache_loc``,
+    TARGET_VERIFY forward batch of ``draft_token`` / ``positions`` /
+    ``custom_mask``; the target forward reads the request's committed prefix
+    from its KV slots, attends with the FULL_MASK rows, writes K/V of the N
+    tree tokens into the window;
+  * ``eagle_sample`` (greedy): SGLang's ``verify_tree_greedy`` walk on the
+    spec_info's retrieve links, written from its Triton kernel as a plain loop
+    (the kernel itself is run on our tensors in test_worker_sglang.py);
+  * ``_finalize_accept_tree_path``: ``move_accept_tokens_to_target_kvcache``
+    (front slots <- accepted slots on the toy KV pool) + front compaction of
+    predict and hidden states (checked against SGLang's code in
+    test_worker_sglang.py).
+Checked: greedy output == autoregressive greedy output over many steps (so the
+KV compaction and seq_len bookkeeping are right: each step only sees the
+compacted cache), accept lengths, the result's stride (= budget + 1), and the
+drafter-context write (rows = autoregressive hidden states at committed
+positions ``seq_len + k``, ``commit_lens`` = accept lengths, cache_loc = the
+window's front slots).
+
+NOT covered: the real SGLang modules behind the stand-ins (attention backends,
+CUDA kernels, ``move_kv_cache``, CUDA graphs, the DFlash drafter network,
+sampling with temperature > 0 through ``tree_speculative_sampling_target_only``).
+"""
+
+import contextlib
+import json
+import random
+import sys
+import types
+
+import pytest
+import torch
+
+from test_worker_step import PagedLM, V, D  # noqa: F401  (same toy model)
+
+
+N_NEW = 32
+
+
+class Rec:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def _ref_verify_tree_greedy(cand, ridx, nxt, sib, target, width):
+    """verify_tree_greedy_kernel_triton (spec_tree.py) as a loop."""
+    bs, N = cand.shape
+    predict = torch.zeros(bs * N, dtype=torch.int32)
+    acc = torch.full((bs, width), -1, dtype=torch.int32)
+    num = torch.zeros(bs, dtype=torch.int32)
+    for b in range(bs):
+        last = int(ridx[b, 0])
+        acc[b, 0] = last
+        cur = 0
+        n = 0
+        for j in range(1, width):
+            cur = int(nxt[b, cur])
+            t = int(target.view(-1)[last])
+            found = False
+            while cur != -1:
+                if int(cand[b, cur]) == t:
+                    predict[last] = t
+                    n += 1
+                    acc[b, n] = int(ridx[b, cur])
+                    last = int(ridx[b, cur])
+                    found = True
+                    break
+                cur = int(sib[b, cur])
+            if not found:
+                break
+        num[b] = n
+        predict[last] = int(target.view(-1)[last])
+    return predict, acc, num
+
+
+@pytest.fixture
+def stubbed(monkeypatch, tmp_path):
+    from test_worker_step import _draft_logits  # noqa: F401
+
+    mods = {}
+
+    def mod(name, **attrs):
+        m = types.ModuleType(name)
+        m.__dict__.update(attrs)
+        mods[name] = m
+        return m
+
+    class TreeMaskMode:
+        FULL_MASK, QLEN_ONLY = 0, 1
+
+    def assign_extend_cache_locs_func(req_pool_indices, req_to_token, start_offset, end_offset, batch_size,
+                                      draft_token_num, device):
+        return torch.cat([req_to_token[int(r), int(s):int(e)] for r, s, e in
+                          zip(req_pool_indices, start_offset, end_offset)])
+
+    def eagle_prepare_for_verify(verify_input, req_to_token_pool, batch, target_worker):
+        batch.input_ids = verify_input.draft_token
+        batch.out_cache_loc = verify_input.prepared_out_cache_loc
+        batch.forward_mode = "TARGET_VERIFY"
+        fb = Rec(input_ids=verify_input.draft_token, positions=verify_input.positions,
+                 out_cache_loc=batch.out_cache_loc, seq_lens=batch.seq_lens, req_pool_indices=batch.req_pool_indices,
+                 spec_info=verify_input, kv_loc_plan=verify_input.kv_loc_plan)
+        return fb, False
+
+    def eagle_sample(verify_input, batch, logits_output, grammar_mask=None):
+        assert grammar_mask is None
+        bs = len(batch.seq_lens)
+        N = verify_input.draft_token_num
+        target = logits_output.next_token_logits.argmax(-1).view(bs, N)
+        predict, acc, num = _ref_verify_tree_greedy(
+            verify_input.draft_token.view(bs, N), verify_input.retrieve_index, verify_input.retrieve_next_token,
+            verify_input.retrieve_next_sibling, target, verify_input.spec_steps + 1)
+        return predict, num + 1, acc
+
+    def _finalize_accept_tree_path(batch, accept_index, accept_lens, predict, logits_output, bs, *,
+                                   token_to_kv_pool_allocator, num_draft_tokens):
+        from sglang_ddtree.verify import compact_accept_to_front, kv_move_plan
+
+        tgt, src = kv_move_plan(accept_index, accept_lens, batch.out_cache_loc)
+        token_to_kv_pool_allocator.move_kv_cache(tgt, src)
+        logits_output.hidden_states = compact_accept_to_front(logits_output.hidden_states, accept_index, bs,
+                                                              num_draft_tokens)
+        return compact_accept_to_front(predict, accept_index, bs, num_draft_tokens)
+
+    class DFlashDraftInputV2(Rec):
+        pass
+
+    mod("sglang.kernels.ops.speculative.cache_locs", assign_extend_cache_locs_func=assign_extend_cache_locs_func)
+    mod("sglang.srt.layers.logprob_processor", compute_spec_logprobs=None)
+    mod("sglang.srt.managers.utils", GenerationBatchResult=Rec)
+    mod("sglang.srt.speculative.dflash_info_v2", DFlashDraftInputV2=DFlashDraftInputV2)
+    mod("sglang.srt.speculative.eagle_utils", TreeMaskMode=TreeMaskMode,
+        eagle_prepare_for_verify=eagle_prepare_for_verify, eagle_sample=eagle_sample)
+    mod("sglang.srt.speculative.eagle_info", EagleVerifyInput=Rec)
+    mod("sglang.srt.speculative.eagle_worker_common", _finalize_accept_tree_path=_finalize_accept_tree_path)
+    mod("sglang.srt.speculative.spec_utils", GrammarTree=None, build_grammar_vocab_mask=None,
+        draft_tp_context=lambda layout: contextlib.nullcontext())
+    mod("sglang.srt.lora.layers", unwrap_lora_layer=lambda x: x)
+    mod("sglang.srt.model_executor.forward_batch_info",
+        CaptureHiddenMode=types.SimpleNamespace(FULL="FULL", NULL="NULL"), ForwardBatch=Rec,
+        ForwardMode=types.SimpleNamespace(TARGET_VERIFY="TARGET_VERIFY"), enable_num_token_non_padded=lambda: False)
+    mod("sglang.srt.speculative.spec_info", SpeculativeAlgorithm=types.SimpleNamespace(DFLASH="DFLASH"))
+    mod("sglang.srt.runtime_context",
+        get_parallel=lambda: types.SimpleNamespace(attn_dp_enabled=False, tp_group=types.SimpleNamespace(world_size=1)))
+    mod("sglang.srt.speculative.dflash_utils", is_dense_head_weight=lambda w: True,
+        resolve_dflash_verify_mask_policy=lambda backend: ("TritonAttnBackend", True))
+    state = {}
+    dfw = mod("sglang.srt.speculative.dflash_worker_v2",
+              get_spec=lambda: state["spec"],
+              _resolve_dflash_embedding_module=lambda draft_model, target_model: target_model.get_input_embeddings())
+    mod("sglang.srt.speculative", dflash_worker_v2=dfw)
+    for name in ("sglang", "sglang.srt", "sglang.kernels", "sglang.kernels.ops", "sglang.srt.layers",
+                 "sglang.srt.managers", "sglang.srt.lora", "sglang.srt.model_executor"):
+        mods.setdefault(name, types.ModuleType(name))
+    for name, m in mods.items():
+        monkeypatch.setitem(sys.modules, name, m)
+    import sglang_ddtree.worker as w
+
+    monkeypatch.setattr(w, "_WORKER_CLS", None)
+    return dfw, state, DFlashDraftInputV2, tmp_path
+
+
+class Plan:
+    def __init__(self, write_virtual, **kw):
+        self.write_virtual = write_virtual
+        self.kw = kw
+
+    def bind(self, fb, translator):
+        fb.bound_plan = self
+
+    def write_ids(self, translator):
+        return self.write_virtual
+
+
+def _setup(stubbed, L, B, bs, hit, seed):
+    dfw, state, DraftInput, tmp = stubbed
+    N, blk = B + 1, L + 1
+    drafter = tmp / f"drafter{L}"
+    drafter.mkdir(exist_ok=True)
+    (drafter / "config.json").write_text(json.dumps({"block_size": blk}))
+    state["spec"] = types.SimpleNamespace(speculative_num_draft_tokens=N, speculative_draft_model_path=str(drafter),
+                                          speculative_use_rejection_sampling=False)
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    n_new = N_NEW
+    row = 40 + 2 * N + n_new
+    pool_slots = bs * row + 200
+    model = PagedLM(seed, pool_slots)
+    req_to_token = (torch.randperm(bs * row, generator=g) + 1).view(bs, row)
+    pool_idx = torch.randperm(bs, generator=g)  # request b lives in req_to_token row pool_idx[b]
+    rt = torch.empty_like(req_to_token)
+    rt[pool_idx] = req_to_token
+    prompts = [[rng.randrange(V) for _ in range(rng.randint(1, 9))] for _ in range(bs)]
+    refs = []
+    for p in prompts:
+        s = list(p)
+        for _ in range(n_new + 2 * L + 4):
+            s.append(int(model.full(s)[0][-1].argmax()))
+        refs.append(s)
+    eye = torch.eye(V, dtype=torch.float64)
+    calls = []
+
+    class Translator:
+        def plan(self, *, req_pool_indices, seq_lens, seq_lens_cpu, write_virtual, read_extent):
+            return Plan(write_virtual, read_extent=read_extent)
+
+    class Allocator:
+        def move_kv_cache(self, tgt, src):
+            model.kv[:, :, tgt] = model.kv[:, :, src].clone()
+
+    class TargetWorker:
+        model_runner = None
+
+        def forward_batch_generation(self, batch=None, forward_batch=None, is_verify=False, pp_proxy_tensors=None):
+            fb = forward_batch
+            bs_ = len(fb.seq_lens)
+            vi = fb.spec_info
+            Nn = vi.draft_token_num
+            logits, hid = [], []
+            off = 0
+            for b in range(bs_):
+                P = int(fb.seq_lens[b])
+                rows = vi.custom_mask[off:off + Nn * (P + Nn)].view(Nn, P + Nn).bool()
+                off += Nn * (P + Nn)
+                lg, hd = model.forward(fb.input_ids.view(bs_, Nn)[b], fb.positions.view(bs_, Nn)[b],
+                                       rt[int(fb.req_pool_indices[b]), :P], fb.out_cache_loc.view(bs_, Nn)[b], rows)
+                logits.append(lg)
+                hid.append(hd)
+            return Rec(logits_output=Rec(next_token_logits=torch.cat(logits), hidden_states=torch.cat(hid)),
+                       can_run_cuda_graph=False, routed_experts_output=None, indexer_topk_output=None)
+
+    class DraftRunner:
+        kv_index_translator = Translator()
+
+        def forward(self, fb):
+            bs_ = fb.batch_size
+            ids = fb.input_ids.view(bs_, blk)
+            pos = fb.positions.view(bs_, blk)
+            assert (ids[:, 1:] == 99999).all() and fb.out_cache_loc.numel() == bs_ * blk
+            hidden = torch.zeros(bs_, blk, V, dtype=torch.float64)
+            for b in range(bs_):
+                r = int((pool_idx == fb.req_pool_indices[b]).nonzero())
+                p0 = int(pos[b, 0])
+                assert refs[r][p0] == int(ids[b, 0]), "block root must be the bonus token at position seq_len"
+                hidden[b, 1:] = _dl(refs[r][p0 + 1:p0 + 1 + L], L, hit, rng, g).double()
+            return Rec(logits_output=Rec(hidden_states=hidden.view(bs_ * blk, V)))
+
+    target_model = Rec(lm_head=Rec(weight=eye), get_input_embeddings=lambda: (lambda ids: torch.zeros(*ids.shape, 4)))
+    tw = TargetWorker()
+    tw.model_runner = Rec(model=target_model)
+
+    class FakeDFlash:
+        def __init__(self, server_args, gpu_id, nccl_port, target_worker):
+            self.block_size = int(dfw.get_spec().speculative_num_draft_tokens)
+            self.device = "cpu"
+            self.selector = self.lilicorr = None
+            self._is_domino = self.use_compact_draft_cache = False
+            self.target_worker = target_worker
+            # as DFlash: self.model_runner is the target's model runner
+            self.model_runner = target_worker.model_runner
+            self.model_runner.__dict__.update(
+                req_to_token_pool=Rec(req_to_token=rt), attn_backend=Rec(verify_mask=None, max_context_len=row),
+                kv_index_translator=Translator(), token_to_kv_pool_allocator=Allocator())
+            self.draft_model_runner = DraftRunner()
+            self.draft_model = Rec()
+            self.draft_parallel_layout = None
+            self._mask_token_id = 99999
+            self._full_embed_gpu = None
+            self._noise_embed_scale = 1.0
+            self._block_pos_offsets = torch.arange(self.block_size)
+            self._draft_block_spec_info = "DRAFT_BLOCK_SPEC"
+
+        def _ensure_draft_block_buffers(self, bs_):
+            self._draft_seq_lens_cpu_buf = torch.zeros(bs_, dtype=torch.int64)
+
+        def _draft_write_ids(self, plan):
+            return plan.write_ids(None)
+
+        def _append_target_hidden_to_draft_kv_by_loc(self, **kw):
+            calls.append(kw)
+
+        def _make_next_draft_input_decode(self, *, bonus_tokens, new_seq_lens):
+            return DraftInput(bonus_tokens=bonus_tokens, new_seq_lens=new_seq_lens)
+
+    dfw.DFlashWorkerV2 = FakeDFlash
+    from sglang_ddtree import plugin as pl
+
+    worker = pl._worker_factory(None)(None, 0, 0, tw)
+    return locals()
+
+
+def _dl(truth, L, hit, rng, g):
+    from test_worker_step import _draft_logits
+
+    return _draft_logits(truth, L, hit, rng, g)
+
+
+@pytest.mark.parametrize("L,B,bs,hit", [(4, 11, 3, 0.8), (7, 31, 4, 0.9), (3, 3, 2, 0.5), (7, 7, 3, 1.0)])
+def test_ddtree_decode_step_equals_autoregressive(stubbed, L, B, bs, hit):
+    S = _setup(stubbed, L, B, bs, hit, seed=L * 10 + B)
+    worker, model, prompts, refs, rt, pool_idx, calls = (S[k] for k in
+                                                         ("worker", "model", "prompts", "refs", "rt", "pool_idx", "calls"))
+    N = B + 1
+    assert worker.ddtree_num_verify_tokens == N and worker.block_size == L + 1
+    DraftInput = S["DraftInput"]
+    # prefill (what DFlash's extend path leaves behind): prompt KV, bonus token
+    seqs, bonus = [], []
+    for b, p in enumerate(prompts):
+        T = len(p)
+        slots = rt[int(pool_idx[b]), :T]
+        lg, _ = model.forward(torch.tensor(p), torch.arange(T), slots[:0], slots,
+                              torch.tril(torch.ones(T, T, dtype=torch.bool)))
+        seqs.append(list(p))
+        bonus.append(int(lg[-1].argmax()))
+    seq_lens = torch.tensor([len(p) for p in prompts])
+    spec = DraftInput(bonus_tokens=torch.tensor(bonus), new_seq_lens=seq_lens)
+    accept = []
+
+    class Mode:
+        def is_extend(self):
+            return False
+
+        def is_idle(self):
+            return False
+
+    n_new = N_NEW
+    while any(len(seqs[b]) < len(prompts[b]) + n_new for b in range(bs)):
+        spec.nxt_kv_lens_cpu = seq_lens + 2 * N  # prepare_for_decode's reservation (host)
+        spec.nxt_kv_lens_sum = int(spec.nxt_kv_lens_cpu.sum())
+        batch = Rec(forward_mode=Mode(), is_extend_in_batch=False, spec_info=spec, seq_lens=seq_lens.clone(),
+                    seq_lens_cpu=None, seq_lens_sum=None, req_pool_indices=pool_idx.clone(), reqs=[None] * bs,
+                    has_grammar=False, return_logprob=False, sampling_info=None, can_run_decode_cuda_graph=False,
+                    out_cache_loc=None, input_ids=None)
+        calls.clear()
+        res = worker.forward_batch_generation(batch)
+        assert res.speculative_num_draft_tokens == N and res.next_token_ids.numel() == bs * N
+        lens = res.accept_lens
+        out = res.next_token_ids.view(bs, N)
+        assert len(calls) == 1
+        c = calls[0]
+        assert torch.equal(c["commit_lens"], lens.to(torch.int32))
+        window = torch.stack([rt[int(pool_idx[b]), int(seq_lens[b]):int(seq_lens[b]) + N] for b in range(bs)])
+        assert torch.equal(c["cache_loc_2d"], window) and torch.equal(c["cache_loc"], window.flatten())
+        pos = c["positions"].view(bs, N)
+        hid = c["target_hidden"].view(bs, N, -1)
+        for b in range(bs):
+            n = int(lens[b])
+            committed = out[b, :n].tolist()
+            P = int(seq_lens[b])
+            assert pos[b].tolist() == list(range(P, P + N))
+            _, ar_hid = model.full(seqs[b] + [int(spec.bonus_tokens[b])] + committed[:-1])
+            assert torch.allclose(hid[b, :n], ar_hid[P:P + n], atol=1e-9), "drafter context != AR hidden"
+            seqs[b] += [int(spec.bonus_tokens[b])] + committed[:-1]
+            assert int(res.next_draft_input.bonus_tokens[b]) == committed[-1]
+            accept.append(n)
+        assert torch.equal(res.new_seq_lens, seq_lens + lens)
+        seq_lens = res.new_seq_lens
+        spec = res.next_draft_input
+    for b in range(bs):
+        k = len(prompts[b]) + n_new
+        assert seqs[b][:k] == refs[b][:k], "DDTree decode differs from autoregressive greedy"
+    print(f"L={L} B={B} hit={hit}: mean accept_len {sum(accept) / len(accept):.2f} over {len(accept) // bs} steps")
+    assert max(accept) <= min(L, B) + 1
+    if hit == 1.0:  # every top-1 right: nearly always the whole chain (a narrow tree may trade depth for width)
+        assert sum(accept) / len(accept) > 0.9 * (min(L, B) + 1)
