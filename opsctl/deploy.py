@@ -293,6 +293,9 @@ def wait_ready(conn: Connection, host: HostConfig, profile: Profile, since: int,
         if restarts.isdigit() and int(restarts) > 0:
             raise _start_failed(host, f"the unit restarted {restarts} time(s) during startup"
                                 + (f": {error_line}" if error_line else ""), steps, t0)
+        if sub == "auto-restart":  # the server exited and systemd is about to start it again
+            raise _start_failed(host, "the server exited during startup and systemd scheduled a restart"
+                                + (f": {error_line}" if error_line else ""), steps, t0)
         if active == "failed" or (active == "inactive" and first_pid is not None) or \
                 (first_pid is not None and pid in ("", "0") and active != "activating"):
             raise _start_failed(host, f"the server exited during startup ({active}/{sub})"
@@ -386,13 +389,13 @@ def _deploy_one(inv: Inventory, host: HostConfig, profile: Profile, *, dry_run: 
         with HostLock(conn, host, f"deploy {profile.label}"):
             # the state may have moved while we planned; plan again under the lock
             plan = make_plan(conn, host, profile)
-            return _apply(conn, inv, host, profile, plan, steps, gates)
+            return _apply(conn, inv, host, profile, plan, steps, gates, checks=pre_checks)
     finally:
         conn.close()
 
 
 def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile, plan: Plan, steps: Steps,
-           gates: bool) -> DeployOutcome:
+           gates: bool, *, checks: bool = True) -> DeployOutcome:
     play, sync = stage(conn, inv, plan, steps)
     details = {"ansible_changed": play.changed, "drafter_bytes_sent": sync.bytes_sent if sync else 0}
     if plan.is_live:
@@ -426,6 +429,14 @@ def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile,
             if not outcome.ok:
                 raise DeployFailed(f"{host.name}: gate failed: {outcome.reason}", "see the verdict table above",
                                    details={"verdict": outcome.record})
+        if checks:
+            from opsctl import gating
+
+            outcome = gating.post_checks(inv, host, steps)
+            details["post_checks"] = outcome.record
+            if not outcome.ok:
+                raise DeployFailed(f"{host.name}: post-deploy check failed: {outcome.reason}",
+                                   "see 'opsctl check post' for every check")
     except OpsctlError as exc:
         reason = exc.problem
         back = _roll_back_after_failure(conn, host, plan, previous, reason, exc, steps)
@@ -633,3 +644,25 @@ def bench_live(inventory: str | Path | Inventory, *, limit: str | None = None, o
     inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
     return gating.bench_live(inv, limit=limit, overrides=overrides, prompt_file=prompt_file,
                              save_baseline_run=save_baseline, on_host=on_host, progress=progress)
+
+
+def release_bench(inventory: str | Path | Inventory, release: str, *, limit: str | None = None):
+    """(the release's stored bench run, the host's baseline run) for `opsctl report RELEASE`."""
+    from opsctl import gating
+    from opsctl.bench.results import from_records, parse_jsonl_text
+
+    inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
+    host = inv.single(limit)
+    conn = connect(host)
+    try:
+        res = conn.run(f"cat {host.install_root}/releases/{shlex.quote(release)}/bench.jsonl", check=False)
+        if not res.ok:
+            raise ConfigError(f"no bench results for release {release!r} on {host.name}",
+                              "pass a results file, or a release id from 'opsctl history' that was benchmarked")
+        records = parse_jsonl_text(res.stdout, source=f"{host.name}:{release}/bench.jsonl")
+        meta = next((r for r in records if r.get("record") == "meta"), {})
+        run = from_records([r for r in records if r.get("record") != "meta"], meta=meta)
+        base = gating.load_baseline(conn, host) if gating.has_baseline(conn, host) else None
+    finally:
+        conn.close()
+    return run, base

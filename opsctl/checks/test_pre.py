@@ -83,7 +83,8 @@ def test_gpu_no_leftover_processes(hostcfg, probe, detail):
             items.append(f"PID {p} ({names.get(p, 'exited?')}) holds {held} {','.join(gpus_of[p])}")
         pytest.fail(f"{len(fpids)} GPU process(es) not owned by {hostcfg.unit_name}: {logic.summarize(items)}",
                     pytrace=False)
-    detail(f"no foreign GPU processes ({len(own)} of {hostcfg.unit_name})" if own else "no GPU processes")
+    detail(f"no foreign GPU processes ({len(own)} of {hostcfg.unit_name}: not counted)" if own
+           else "no GPU processes")
 
 
 def test_gpu_free_memory(hostcfg, probe, detail):

@@ -54,10 +54,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 for _name in _COMMAND_MODULES:
-    # TEMPORARY while modules land: made strict before release
-    from pathlib import Path as _P
-    if (_P(__file__).parent / f"{_name}.py").exists():
-        importlib.import_module(f"opsctl.cli.{_name}").register(app)
+    importlib.import_module(f"opsctl.cli.{_name}").register(app)
 
 
 def main() -> None:

@@ -260,7 +260,10 @@ def register(app: typer.Typer) -> None:
 
     @app.command("report")
     def report_cmd(
-        run_file: Path = typer.Argument(..., help="Bench results (.jsonl) of the release."),
+        run_file: str = typer.Argument(..., help="Bench results (.jsonl) of the release, or a RELEASE id on the "
+                                       "inventory's host (its stored bench, plotted against the host's baseline)."),
+        inventory: Optional[Path] = _common.InventoryOpt,
+        limit: Optional[str] = _common.LimitOpt,
         baseline: Optional[Path] = typer.Option(None, "--baseline", help="Baseline results (.jsonl) to plot against and judge."),
         out: Path = typer.Option(Path("report"), "--out", help="Output directory."),
         kind: Optional[str] = typer.Option(None, "--kind", help="Profile kind for the gate (default: from the run's "
@@ -268,14 +271,29 @@ def register(app: typer.Typer) -> None:
         name: str = typer.Option("report", "--name", help="File name stem of the PNG/Markdown/HTML."),
         json_out: bool = _common.JsonOpt,
     ) -> None:
-        """Write a PNG plot (tok/s and ITL p50 vs concurrency) and a Markdown/HTML summary with the verdict."""
+        """Write a PNG plot (tok/s and ITL p50 vs concurrency) and a Markdown/HTML summary with the verdict.
+
+        Examples:
+
+          opsctl report ddtree-b16-3ca2783571 -i inventories/lab --out report/
+
+          opsctl report run.jsonl --baseline baseline.jsonl --out report/
+        """
         from opsctl.bench.results import read_jsonl
         from opsctl.gates import GatePolicy, judge
         from opsctl.report import write_report
 
         _output.set_json(json_out)
-        run = read_jsonl(run_file)
-        base = read_jsonl(baseline) if baseline is not None else None
+        if Path(run_file).is_file():
+            run = read_jsonl(Path(run_file))
+            base = read_jsonl(baseline) if baseline is not None else None
+        else:
+            from opsctl.deploy import release_bench
+
+            run, host_base = release_bench(_common.inventory(inventory), run_file, limit=limit)
+            base = read_jsonl(baseline) if baseline is not None else host_base
+            if name == "report":
+                name = run_file
         verdict = None
         if base is not None:
             pk = kind or str(run.meta.get("profile_kind") or run.meta.get("kind") or "unknown")

@@ -96,6 +96,9 @@ def test_good_deploy_passes_pre_and_post(lab, inv):
             "health_generate", "journal_ready"} <= names
     # with our own service running, its GPU processes, memory and port are not held against the host
     assert "our service" in report.result("service_port").message, explain(report)
+    # the emulator holds ~73 GB per GPU: only counting it out leaves >= min_free_mib free
+    assert "held by our service not counted" in report.result("gpu_free_memory").message, explain(report)
+    assert "sglang-k26.service" in report.result("gpu_no_leftover_processes").message, explain(report)
     assert report.result("drafter_checksums").outcome == "passed"
     assert all(r.host == "lab" for r in report.results)
 
