@@ -8,7 +8,9 @@
   LabHost handle, and ALWAYS tears it down (`opsctl.lab.down`) at the end of
   the session, failing loudly if anything is left behind. Concurrent pytest
   sessions on one machine are serialised on /run/opsctl-lab.session.lock.
-  OPSCTL_LAB_KEEP=1 leaves the lab up after the session (debugging only).
+  OPSCTL_LAB_KEEP=1 leaves the lab up after the session (debugging only);
+  OPSCTL_LAB_LOCK_HELD=1 says the caller already holds the lock
+  (`flock /run/opsctl-lab.session.lock pytest ...`).
 """
 from __future__ import annotations
 
@@ -91,6 +93,9 @@ class LabHost:
 
 @contextlib.contextmanager
 def _session_lock(wait_s: float = 1800):
+    if os.environ.get("OPSCTL_LAB_LOCK_HELD") == "1":   # the caller holds it (flock(1) around pytest)
+        yield
+        return
     fd = os.open(SESSION_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     deadline = time.monotonic() + wait_s
     try:

@@ -15,21 +15,41 @@ CODE = """
 import torch
 from sglang_ddtree import build_trees
 from sglang_ddtree.reference import build_tree, top_log_probs
+from sglang_ddtree.tree import build_trees_from_top
 from sglang_ddtree import triton_kernels as tk
 g = torch.Generator().manual_seed(0)
-for dt in (torch.float32, torch.bfloat16):
-    for (bs, L, V, B) in [(2, 3, 50, 8), (1, 1, 2, 1), (2, 4, 700, 16), (1, 3, 3, 5)]:
-        x = torch.randn(bs, L, V, generator=g).to(dt)
+# both top-K implementations: v0 (per-chunk top-K + merge), v2 (group maxima + select)
+cfgs = [{"impl": "v0", "chunk": 4096}, {"impl": "v2", "chunk": 256, "S": 16, "sel_warps": 4}]
+for cfg in cfgs:
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        for (bs, L, V, B) in [(2, 3, 50, 8), (1, 1, 2, 1), (2, 4, 700, 16), (1, 3, 3, 5), (1, 2, 3000, 13)]:
+            x = torch.randn(bs, L, V, generator=g).to(dt)
+            K = min(B, V)
+            lp, ids = tk.topk_logsumexp(x, K, cfg=cfg)
+            rlp, rids = top_log_probs(x, K)
+            assert (lp - rlp).abs().max() < 1e-4, (cfg, dt, bs, L, V, B)
+            if dt == torch.float32:  # 16-bit floats have exact ties, where any tie order is right
+                assert torch.equal(ids, rids), (cfg, bs, L, V, B)
+            else:
+                got = x.float().gather(-1, ids).sort(-1).values
+                assert torch.equal(got, x.float().topk(K, -1).values.sort(-1).values), (cfg, dt, bs, L, V, B)
+# the tree kernel (pruned beam; memory round trips or register gathers) == the torch beam
+for gat in (False, True):
+    for (bs, L, V, B) in [(2, 15, 300, 64), (3, 7, 1000, 32), (2, 9, 5, 33), (4, 4, 100, 1), (2, 6, 3, 64)]:
+        x = torch.randn(bs, L, V, generator=g) * 3
         K = min(B, V)
-        lp, ids = tk.topk_logsumexp(x, K)
-        rlp, rids = top_log_probs(x, K)
-        assert (lp - rlp).abs().max() < 1e-5
-        if dt == torch.float32:  # bf16 has exact ties, where any tie order is right
-            assert torch.equal(ids, rids)
-            tr = build_trees(x, B, torch.arange(bs), impl="triton")
-            for b in range(bs):
-                assert tr.paths(b) == build_tree(x[b], B).paths(), (bs, L, V, B)
-            assert tr.tokens[:, 0].tolist() == list(range(bs))
+        lp, ids = top_log_probs(x, K)
+        tr = tk.build_trees_from_top_triton(lp, ids, B, torch.arange(bs), gather=gat)
+        ref = build_trees_from_top(lp, ids, B, torch.arange(bs))
+        for f in ("tokens", "parents", "depths", "visibility", "valid"):
+            assert torch.equal(getattr(tr, f), getattr(ref, f)), (gat, bs, L, V, B, f)
+# end to end, default configuration
+for (bs, L, V, B) in [(2, 3, 50, 8), (1, 1, 2, 1), (2, 4, 700, 16), (1, 3, 3, 5)]:
+    x = torch.randn(bs, L, V, generator=g)
+    tr = build_trees(x, B, torch.arange(bs), impl="triton")
+    for b in range(bs):
+        assert tr.paths(b) == build_tree(x[b], B).paths(), (bs, L, V, B)
+    assert tr.tokens[:, 0].tolist() == list(range(bs))
 print("OK")
 """
 

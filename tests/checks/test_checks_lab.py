@@ -54,8 +54,12 @@ def inv(lab_host):
     t0 = time.monotonic()
     lab_host.clear_faults()
     inventory = load_inventory(lab_host.inventory_dir)
-    outcomes = deploy(inventory, PROFILE, None, gates=False, pre_checks=False)
+    # the real flow: deploy runs the pre checks before touching the host and the post checks
+    # on the new release before promoting it (gates off: no bench baseline needed)
+    outcomes = deploy(inventory, PROFILE, None, gates=False, pre_checks=True)
     assert outcomes[0].result in ("promoted", "unchanged"), outcomes[0].as_dict()
+    if outcomes[0].result == "promoted":
+        assert outcomes[0].details.get("post_checks", {}).get("ok") is True, outcomes[0].as_dict()
     print(f"release live after {time.monotonic() - t0:.1f}s")
     report = wait_ok(inventory, "post")
     assert report.ok, explain(report)

@@ -248,9 +248,8 @@ def topk_logsumexp(x: torch.Tensor, K: int, cfg=None):
     dev = x.device
     top_lp = torch.empty((bs, L, K), dtype=torch.float32, device=dev)
     top_id = torch.empty((bs, L, K), dtype=torch.int64, device=dev)
-    if cfg.get("impl", "v0") == "v2":
-        S = int(cfg.get("S", 64))
-        S = max(1, min(S, _next_pow2(V)))
+    S = max(1, min(int(cfg.get("S") or 64), _next_pow2(V)))
+    if cfg.get("impl", "v0") == "v2" and KP * S <= 4096:  # v0 for large K
         CHUNK = max(S, min(int(cfg.get("chunk", 4096)), _next_pow2(V)))
         NCHUNK = triton.cdiv(V, CHUNK)
         NG = NCHUNK * (CHUNK // S)
