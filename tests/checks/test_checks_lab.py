@@ -82,8 +82,8 @@ def sh(lab_host, command: str, stdin: str | None = None) -> str:
 
 
 def start_service(lab_host, unit: str, port: int = 30000) -> None:
-    """systemctl start, once the port has no TIME_WAIT sockets left: the lab's emulator binds without
-    SO_REUSEADDR, so a restart right after server-closed connections would fail to bind."""
+    """systemctl start, once the port has no server-side TIME_WAIT sockets left (a safety net: a server
+    binding without SO_REUSEADDR, as the emulator once did, fails to bind right after a stop)."""
     deadline = time.monotonic() + 75
     while time.monotonic() < deadline:
         if not sh(lab_host, f"ss -Htan state time-wait '( sport = :{port} )'").strip():
