@@ -43,8 +43,8 @@ for gat in (False, True):
         ref = build_trees_from_top(lp, ids, B, torch.arange(bs))
         for f in ("tokens", "parents", "depths", "visibility", "valid"):
             assert torch.equal(getattr(tr, f), getattr(ref, f)), (gat, bs, L, V, B, f)
-# end to end, default configuration
-for (bs, L, V, B) in [(2, 3, 50, 8), (1, 1, 2, 1), (2, 4, 700, 16), (1, 3, 3, 5)]:
+# end to end, default configuration (bs * L > 64 rows: the "large" configuration)
+for (bs, L, V, B) in [(2, 3, 50, 8), (1, 1, 2, 1), (2, 4, 700, 16), (1, 3, 3, 5), (33, 2, 300, 8)]:
     x = torch.randn(bs, L, V, generator=g)
     tr = build_trees(x, B, torch.arange(bs), impl="triton")
     for b in range(bs):

@@ -1,22 +1,29 @@
 """Fused Triton kernels for DDTree construction (GPU path).
 
-1. ``topk_logsumexp(x[bs, L, V], K)``: one pass over the logits.
-   Stage 1, grid (rows, chunks): each program loads a CHUNK of one row once,
-   computes the chunk's max and sum(exp(x - max)) (for the logsumexp), and the
-   chunk's exact top-KP: the top-KP groups by group maximum contain every
-   top-KP element, so only KP*S candidates (re-read from L1/L2) go through a
-   bitonic top-k.  Values are packed with their index into the low mantissa
-   bits of a wider float (bf16/fp16 -> fp32, fp32 -> fp64), which keeps the
-   order of distinct values, so one ``tl.topk`` carries values and indices.
-   Stage 2, one program per row: merge the chunks' (max, sum) into the row's
-   logsumexp and the chunks' candidates into the row's top-K, and write
-   ``top_lp = top_logit - logsumexp`` (float32) and the token ids.
+1. ``topk_logsumexp(x[bs, L, V], K)``: top-K log-probabilities and token ids
+   per row, reading the logits once.  Two implementations, picked by the number
+   of rows (``CONFIG``):
+   * v0 (few rows, latency): grid (rows, V/4096 chunks); each program reads its
+     chunk once: max and sum(exp) for the logsumexp, group maxima, the top-K
+     groups, then a bitonic ``tl.topk`` over only those groups' elements; a
+     second kernel merges the chunks per row.
+   * v2 (many rows, throughput): ``_groupmax_kernel`` streams the logits with
+     no sorting at all (per chunk: max, sum(exp), maxima of contiguous groups
+     of S = 64); ``_group_select_kernel`` (one program per row) combines the
+     logsumexp, takes the top-K groups by group maximum (the row's top-K
+     elements lie in them) and the top-K of those K*S re-read logits.
+   Values carry their index in the low mantissa bits of a wider float
+   (bf16/fp16 -> fp32, fp32 -> fp64), which keeps the order of distinct
+   values, so one ``tl.topk`` carries values and indices.
 2. ``build_trees_from_top_triton``: one program per request does the beam over
-   depths (float64 scores, top-B of the B x K candidate rectangle per depth),
-   the global top-B with a shallower-first tie-break, the depth-major ordering,
-   parent / token / depth assembly and the ancestor mask.  Supported for
-   B <= 64 and L <= 16 (the rectangle must fit one program); larger budgets use
-   the torch beam (``tree.build_trees_from_top``) after the same stage-1/2 top-K.
+   depths (float64 scores), the global top-B with a shallower-first tie-break,
+   the depth-major ordering, parent / token / depth assembly and the ancestor
+   mask.  The beam only looks at candidates (i, j) with (i+1)(j+1) <= B (the
+   others are beaten by B candidates: ~B ln B instead of B*K), and with
+   ``tree_gather`` it gathers beam and log-probabilities from registers
+   (``tl.gather``) instead of round trips through memory.  Supported for
+   B <= 64 and L <= 16; larger budgets use the torch beam
+   (``tree.build_trees_from_top``) after the same Triton top-K.
 
 No host synchronisation, static shapes: safe inside CUDA-graph capture.
 """
@@ -206,16 +213,20 @@ def _group_select_kernel(
     tl.store(id_ptr + row * K + k, idx.to(tl.int64), mask=km)
 
 
-# Launch configuration.  "small" is used for bs * L <= SMALL_ROWS rows, "large"
-# above.  impl "v0": per-chunk top-K + merge; "v2": streaming group maxima +
-# per-row group selection.  bench/bench_build.py --tune times the candidates on
-# the device and reports which to use; the defaults below are its results.
+# Launch configuration.  "small" is used for bs * L <= small_rows rows, "large"
+# above.  impl "v0": per-chunk top-K + merge (latency-friendly: many programs
+# per row); "v2": streaming group maxima + per-row group selection
+# (throughput-friendly: no sorting in the pass over the logits).
+# bench/bench_build.py --tune times the candidates on the device and uses the
+# fastest correct ones; the defaults below are its choice on the H200
+# (bench/results-h200.txt: large 164.9 us vs v0 336.3 us at bs 128, L 7, B 32;
+# small v0 14.9 us vs v2 >= 18.4 us at bs 1; tree gather+8 warps 12.2 us).
 CONFIG = {
-    "small": {"impl": "v0", "chunk": 4096, "warps": None, "sel_warps": None, "S": 64},
-    "large": {"impl": "v0", "chunk": 4096, "warps": None, "sel_warps": None, "S": 64},
+    "small": {"impl": "v0", "chunk": 4096, "warps": None, "sel_warps": None},
+    "large": {"impl": "v2", "chunk": 8192, "S": 64, "warps": 8, "sel_warps": 8},
     "small_rows": 64,
     "tree_warps": 8,
-    "tree_gather": False,
+    "tree_gather": True,
 }
 
 
