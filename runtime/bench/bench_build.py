@@ -200,7 +200,7 @@ def bench_table(dev, bw, quick=False):
     Bs = (8, 16, 32, 64)
     bss = (1, 8, 32, 128)
     if quick:
-        Ls, Bs, bss = (7,), (32,), (1, 128)
+        Ls, Bs, bss = (7,), (32,), (1, 8, 32, 128)
     for L in Ls:
         for B in Bs:
             for bs in bss:
@@ -257,11 +257,12 @@ def graph_time(fn, reps=200):
     return time_events(g.replay, reps)
 
 
-def breakdown(dev, bw):
+def breakdown(dev, bw, quick=False):
     from sglang_ddtree import triton_kernels as tk
     from sglang_ddtree.tree import build_trees_from_top
 
-    for (bs, L, B) in [(1, 7, 32), (128, 7, 32), (1, 15, 64), (128, 15, 64)]:
+    shapes = [(1, 7, 32), (128, 7, 32)] if quick else [(1, 7, 32), (128, 7, 32), (1, 15, 64), (128, 15, 64)]
+    for (bs, L, B) in shapes:
         x = torch.randn(bs, L, V_KIMI, device=dev).to(torch.bfloat16)
         K = min(B, V_KIMI)
         t_topk = graph_time(lambda: tk.topk_logsumexp(x, K))
@@ -290,22 +291,32 @@ def _graph_median(fn, reps=100, rounds=3):
     return ts[len(ts) // 2]
 
 
-def autotune(dev):
-    """Time the candidate launch configurations on this device and set
+def autotune(dev, budget_s=150.0, tree=False):
+    """Time the candidate launch configurations on this device (each top-K
+    stage separately, then both together, in CUDA graphs) and set
     ``triton_kernels.CONFIG`` to the fastest correct ones (reported; the
-    library's defaults are set to this run's choice)."""
+    library's defaults are set to this run's choice).  Candidates past
+    ``budget_s`` are skipped."""
     from sglang_ddtree import triton_kernels as tk
     from sglang_ddtree.tree import build_trees_from_top
 
+    t_start = time.time()
     out = {}
-    v0 = {"impl": "v0", "chunk": 4096, "warps": None, "sel_warps": None}
 
-    def v2(chunk, S, sel, warps=4):
-        return {"impl": "v2", "chunk": chunk, "S": S, "warps": warps, "sel_warps": sel}
+    def v0(chunk=4096, mpack32=False, fuse=False, warps=None, sel=None):
+        return {"impl": "v0", "chunk": chunk, "warps": warps, "sel_warps": sel, "mpack32": mpack32, "fuse": fuse}
+
+    def v2(chunk=8192, S=64, warps=8, sel=8, load2d=False, epack32=False, hier=1):
+        return {"impl": "v2", "chunk": chunk, "S": S, "warps": warps, "sel_warps": sel,
+                "load2d": load2d, "epack32": epack32, "hier": hier}
 
     cands = {
-        "large": [v0, v2(4096, 64, 8), v2(8192, 64, 8, 8), v2(4096, 128, 8), v2(4096, 64, 16), v2(2048, 64, 8)],
-        "small": [v0, v2(2048, 64, 8), v2(1024, 64, 8), v2(2048, 64, 16), v2(2048, 128, 8), v2(2048, 64, 4)],
+        "large": [v2(), v2(epack32=True), v2(epack32=True, hier=4), v2(epack32=True, hier=8),
+                  v2(S=32, epack32=True, hier=8), v2(epack32=True, hier=4, load2d=True),
+                  v2(epack32=True, hier=4, warps=4), v2(chunk=16384, epack32=True, hier=4),
+                  v2(epack32=True, hier=4, sel=4)],
+        "small": [v0(), v0(mpack32=True), v0(mpack32=True, fuse=True), v0(8192, mpack32=True, fuse=True),
+                  v0(mpack32=True, fuse=True, warps=8), v0(8192, mpack32=True), v0(2048, mpack32=True, fuse=True)],
     }
     shapes = {"large": (128, 7, 32), "small": (1, 7, 32)}
     g = torch.Generator(device=dev).manual_seed(123)
@@ -315,24 +326,43 @@ def autotune(dev):
         ref_vals = x.float().topk(B, -1).values
         rlp, _ = top_log_probs(x, B)
         best = None
+
+        def correct(cfg):
+            lp, ids = tk.topk_logsumexp(x, B, cfg=cfg)
+            ok = torch.equal(x.float().gather(-1, ids).sort(-1).values, ref_vals.sort(-1).values)
+            ok &= (lp - rlp).abs().max().item() < 1e-4
+            lp32, ids32 = tk.topk_logsumexp(x32, B, cfg=cfg)
+            ok &= torch.equal(ids32, top_log_probs(x32, B)[1])
+            return bool(ok)
+
+        stop = budget_s * (0.55 if regime == "large" else 1.0)
         for cfg in cands[regime]:
+            if time.time() - t_start > stop:
+                log(f"[tune] {regime} {cfg}: skipped (tuning budget)")
+                continue
             try:
-                lp, ids = tk.topk_logsumexp(x, B, cfg=cfg)
-                ok = torch.equal(x.float().gather(-1, ids).sort(-1).values, ref_vals.sort(-1).values)
-                ok &= (lp - rlp).abs().max().item() < 1e-4
-                lp32, ids32 = tk.topk_logsumexp(x32, B, cfg=cfg)
-                ok &= torch.equal(ids32, top_log_probs(x32, B)[1])
+                ok = correct(cfg)
+                bufs = {}
+                tk.topk_logsumexp(x, B, cfg=cfg, _bufs=bufs)
+                t1 = _graph_median(lambda: tk.topk_logsumexp(x, B, cfg=cfg, _stages=1, _bufs=bufs))
+                t2 = (_graph_median(lambda: tk.topk_logsumexp(x, B, cfg=cfg, _stages=2, _bufs=bufs))
+                      if not cfg.get("fuse") else 0.0)
                 t = _graph_median(lambda: tk.topk_logsumexp(x, B, cfg=cfg))
+                ok &= correct(cfg)  # again after the timed replays (fused-merge counters)
             except Exception as e:  # noqa: BLE001
                 log(f"[tune] {regime} {cfg}: ERROR {type(e).__name__}: {str(e)[:300]}")
                 continue
-            log(f"[tune] {regime} bs={bs} L={L} B={B} {cfg}: {t:.1f} us{'' if ok else '  WRONG'}")
+            log(f"[tune] {regime} bs={bs} L={L} B={B} {cfg}: stage1 {t1:.1f} us, stage2 {t2:.1f} us, "
+                f"both {t:.1f} us{'' if ok else '  WRONG'}")
             if ok and (best is None or t < best[0]):
                 best = (t, cfg)
         if best is not None:
             tk.CONFIG[regime] = dict(best[1])
             out[regime] = {"cfg": best[1], "us": best[0]}
             log(f"[tune] {regime}: chosen {best[1]} ({best[0]:.1f} us)")
+    if not tree:
+        log(f"[tune] CONFIG = {tk.CONFIG}")
+        return out
     # tree kernel: register gathers or memory round trips, warps
     trees = {}
     for B in (32, 64):
@@ -370,6 +400,9 @@ def main():
     ap.add_argument("--cases", type=int, default=64)
     ap.add_argument("--exact-cap", type=float, default=150.0)
     ap.add_argument("--tune", action="store_true", help="time candidate launch configs first and use the fastest")
+    ap.add_argument("--tune-budget", type=float, default=150.0, help="seconds of top-K candidates")
+    ap.add_argument("--tune-tree", action="store_true", help="also tune the tree kernel (gather, warps)")
+    ap.add_argument("--no-breakdown", action="store_true")
     args = ap.parse_args()
     dev = torch.device("cuda")
     import triton
@@ -380,7 +413,7 @@ def main():
     t0 = time.time()
     if args.tune:
         try:
-            res["tune"] = autotune(dev)
+            res["tune"] = autotune(dev, args.tune_budget, args.tune_tree)
         except Exception:
             traceback.print_exc()
         log(f"  (tuning done at {time.time() - t0:.0f}s)")
@@ -400,7 +433,8 @@ def main():
         traceback.print_exc()
     log(f"  (table done at {time.time() - t0:.0f}s)")
     try:
-        breakdown(dev, bw)
+        if not args.no_breakdown:
+            breakdown(dev, bw, args.quick)
     except Exception:
         traceback.print_exc()
     try:

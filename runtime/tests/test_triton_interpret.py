@@ -18,11 +18,19 @@ from sglang_ddtree.reference import build_tree, top_log_probs
 from sglang_ddtree.tree import build_trees_from_top
 from sglang_ddtree import triton_kernels as tk
 g = torch.Generator().manual_seed(0)
-# both top-K implementations: v0 (per-chunk top-K + merge), v2 (group maxima + select)
-cfgs = [{"impl": "v0", "chunk": 4096}, {"impl": "v2", "chunk": 256, "S": 16, "sel_warps": 4}]
+# both top-K implementations: v0 (per-chunk top-K + merge, fp64 or fp32 merge keys,
+# separate or fused merge), v2 (group maxima (1-D or 2-D loads) + select, fp64 or
+# fp32 element keys)
+cfgs = [{"impl": "v0", "chunk": 4096}, {"impl": "v0", "chunk": 256, "mpack32": True},
+        {"impl": "v0", "chunk": 512, "mpack32": True, "fuse": True}, {"impl": "v0", "chunk": 256, "fuse": True},
+        {"impl": "v2", "chunk": 256, "S": 16, "sel_warps": 4},
+        {"impl": "v2", "chunk": 256, "S": 16, "sel_warps": 4, "epack32": True, "load2d": True},
+        {"impl": "v2", "chunk": 128, "S": 32, "epack32": True},
+        {"impl": "v2", "chunk": 256, "S": 16, "epack32": True, "hier": 4},
+        {"impl": "v2", "chunk": 64, "S": 8, "hier": 2}]
 for cfg in cfgs:
     for dt in (torch.float32, torch.bfloat16, torch.float16):
-        for (bs, L, V, B) in [(2, 3, 50, 8), (1, 1, 2, 1), (2, 4, 700, 16), (1, 3, 3, 5), (1, 2, 3000, 13)]:
+        for (bs, L, V, B) in [(2, 3, 50, 8), (1, 1, 2, 1), (2, 4, 700, 16), (1, 3, 3, 5), (1, 2, 3000, 13), (2, 2, 1024, 4)]:
             x = torch.randn(bs, L, V, generator=g).to(dt)
             K = min(B, V)
             lp, ids = tk.topk_logsumexp(x, K, cfg=cfg)

@@ -74,8 +74,10 @@ def _unpack64(k, BITS: tl.constexpr):
 def _topk_chunk_kernel(
     x_ptr, stride_row, V, NCHUNK,
     val_ptr, idx_ptr, m_ptr, s_ptr,
+    cnt_ptr, lp_ptr, id_ptr, K,
     CHUNK: tl.constexpr, G: tl.constexpr, S: tl.constexpr, KP: tl.constexpr,
     PACK64: tl.constexpr, BITS: tl.constexpr,
+    FUSE: tl.constexpr, NCP: tl.constexpr, MPACK32: tl.constexpr, MBITS: tl.constexpr,
 ):
     row = tl.program_id(0)
     c = tl.program_id(1)
@@ -113,18 +115,29 @@ def _topk_chunk_kernel(
     k = tl.arange(0, KP)
     tl.store(val_ptr + out * KP + k, val.to(tl.float32))
     tl.store(idx_ptr + out * KP + k, start + li)
+    if FUSE:
+        # the last program of the row to finish merges the row's chunks (one
+        # launch less); the counter is left at 0 for the next call
+        tl.debug_barrier()
+        done = tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel")
+        if done == NCHUNK - 1:
+            _merge_row(val_ptr, idx_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, row, NCHUNK, K,
+                       NCP, KP, MPACK32, MBITS, True)
+            tl.atomic_xchg(cnt_ptr + row, 0, sem="relaxed")
 
 
 @triton.jit
-def _topk_merge_kernel(
-    val_ptr, idx_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, NCHUNK, K,
-    NCP: tl.constexpr, KP: tl.constexpr, BITS: tl.constexpr,
-):
-    row = tl.program_id(0)
+def _merge_row(val_ptr, idx_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, row, NCHUNK, K,
+               NCP: tl.constexpr, KP: tl.constexpr, MPACK32: tl.constexpr, MBITS: tl.constexpr,
+               CG: tl.constexpr):
     c = tl.arange(0, NCP)
     cm = c < NCHUNK
-    m = tl.load(m_ptr + row * NCHUNK + c, mask=cm, other=float("-inf"))
-    s = tl.load(s_ptr + row * NCHUNK + c, mask=cm, other=0.0)
+    if CG:
+        m = tl.load(m_ptr + row * NCHUNK + c, mask=cm, other=float("-inf"), cache_modifier=".cg")
+        s = tl.load(s_ptr + row * NCHUNK + c, mask=cm, other=0.0, cache_modifier=".cg")
+    else:
+        m = tl.load(m_ptr + row * NCHUNK + c, mask=cm, other=float("-inf"))
+        s = tl.load(s_ptr + row * NCHUNK + c, mask=cm, other=0.0)
     M = tl.max(m, 0)
     M_safe = tl.where(M == float("-inf"), 0.0, M)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
@@ -132,10 +145,18 @@ def _topk_merge_kernel(
     lse = M_safe + tl.log(tot)
     p = tl.arange(0, NCP * KP)
     pm = p < NCHUNK * KP
-    v = tl.load(val_ptr + row * NCHUNK * KP + p, mask=pm, other=-3.3e38)
-    t = tl.topk(_pack64(v, p, BITS), KP)
-    val, pos = _unpack64(t, BITS)
-    ids = tl.load(idx_ptr + row * NCHUNK * KP + pos)
+    if CG:
+        v = tl.load(val_ptr + row * NCHUNK * KP + p, mask=pm, other=-3.3e38, cache_modifier=".cg")
+    else:
+        v = tl.load(val_ptr + row * NCHUNK * KP + p, mask=pm, other=-3.3e38)
+    if MPACK32:  # 16-bit inputs: the chunk values are exact in fp32's high bits
+        val, pos = _unpack32(tl.topk(_pack32(v, p, MBITS), KP), MBITS)
+    else:
+        val, pos = _unpack64(tl.topk(_pack64(v, p, 29), KP), 29)
+    if CG:
+        ids = tl.load(idx_ptr + row * NCHUNK * KP + pos, cache_modifier=".cg")
+    else:
+        ids = tl.load(idx_ptr + row * NCHUNK * KP + pos)
     k = tl.arange(0, KP)
     km = k < K
     tl.store(lp_ptr + row * K + k, val.to(tl.float32) - lse, mask=km)
@@ -143,32 +164,54 @@ def _topk_merge_kernel(
 
 
 @triton.jit
+def _topk_merge_kernel(
+    val_ptr, idx_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, NCHUNK, K,
+    NCP: tl.constexpr, KP: tl.constexpr, MPACK32: tl.constexpr, MBITS: tl.constexpr,
+):
+    _merge_row(val_ptr, idx_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, tl.program_id(0), NCHUNK, K,
+               NCP, KP, MPACK32, MBITS, False)
+
+
+@triton.jit
 def _groupmax_kernel(
     x_ptr, stride_row, V, NCHUNK, NGP,
     gm_ptr, m_ptr, s_ptr,
-    CHUNK: tl.constexpr, S: tl.constexpr, EVEN: tl.constexpr,
+    CHUNK: tl.constexpr, S: tl.constexpr, EVEN: tl.constexpr, LOAD2D: tl.constexpr,
 ):
     # v2 stage 1 (streaming, no sorting): each program reads CHUNK logits once
     # and writes the maxima of its CHUNK // S contiguous groups of S, its max
-    # and its sum(exp(x - max)).
+    # and its sum(exp(x - max)).  -inf is clamped on the group maxima only
+    # (one operation per group, not per element); groups wholly past V get
+    # -3.3e38, below any real group.
     row = tl.program_id(0)
     c = tl.program_id(1)
     base = x_ptr + row.to(tl.int64) * stride_row
-    offs = c * CHUNK + tl.arange(0, CHUNK)
-    if EVEN:
-        x = tl.load(base + offs).to(tl.float32)
-        xk = tl.maximum(x, -3.0e38)
+    gi = tl.arange(0, CHUNK // S)
+    if LOAD2D:
+        offs = c * CHUNK + gi[:, None] * S + tl.arange(0, S)[None, :]
+        if EVEN:
+            x = tl.load(base + offs).to(tl.float32)
+        else:
+            x = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+        g = tl.max(x, 1)
     else:
-        msk = offs < V
-        x = tl.load(base + offs, mask=msk, other=float("-inf")).to(tl.float32)
-        xk = tl.where(msk, tl.maximum(x, -3.0e38), -3.3e38)
-    g = tl.max(tl.reshape(xk, [CHUNK // S, S]), 1)
+        offs = c * CHUNK + tl.arange(0, CHUNK)
+        if EVEN:
+            x = tl.load(base + offs).to(tl.float32)
+        else:
+            x = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+        g = tl.max(tl.reshape(x, [CHUNK // S, S]), 1)
+    g = tl.maximum(g, -3.0e38)
     m = tl.max(g, 0)
-    s = tl.sum(tl.exp(xk - m), 0)
+    if LOAD2D:
+        s = tl.sum(tl.sum(tl.exp(x - m), 1), 0)
+    else:
+        s = tl.sum(tl.exp(x - m), 0)
+    if not EVEN:
+        g = tl.where(c * CHUNK + gi * S < V, g, -3.3e38)
     out = row * NCHUNK + c
     tl.store(m_ptr + out, m)
     tl.store(s_ptr + out, s)
-    gi = tl.arange(0, CHUNK // S)
     tl.store(gm_ptr + row.to(tl.int64) * NGP + c * (CHUNK // S) + gi, g)
 
 
@@ -177,7 +220,8 @@ def _group_select_kernel(
     x_ptr, stride_row, V, NCHUNK, NG,
     gm_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, K,
     NCP: tl.constexpr, NGP: tl.constexpr, S: tl.constexpr, KP: tl.constexpr,
-    GPACK64: tl.constexpr, GBITS: tl.constexpr,
+    GPACK64: tl.constexpr, GBITS: tl.constexpr, EPACK32: tl.constexpr, EBITS: tl.constexpr,
+    R: tl.constexpr,
 ):
     # v2 stage 2, one program per row: logsumexp from the chunks' (max, sum);
     # the row's top-K elements lie in its top-K groups by group maximum, so
@@ -194,20 +238,57 @@ def _group_select_kernel(
     tot = tl.sum(tl.where(cm, s * tl.exp(m_safe - M_safe), 0.0), 0)
     lse = M_safe + tl.log(tot)
 
-    p = tl.arange(0, NGP)
-    gv = tl.load(gm_ptr + row.to(tl.int64) * NGP + p, mask=p < NG, other=-3.4e38)
-    if GPACK64:
-        _, gid = _unpack64(tl.topk(_pack64(gv, p, GBITS), KP), GBITS)
-    else:
-        _, gid = _unpack32(tl.topk(_pack32(gv, p, GBITS), KP), GBITS)
-    coffs = gid[:, None] * S + tl.arange(0, S)[None, :]  # [KP, S] offsets in the row
-    cmask = coffs < V
-    base = x_ptr + row.to(tl.int64) * stride_row
-    y = tl.load(base + coffs, mask=cmask, other=float("-inf")).to(tl.float32)
-    yk = tl.where(cmask, tl.maximum(y, -3.0e38), -3.3e38)
-    t = tl.topk(tl.reshape(_pack64(yk, coffs, 29), [KP * S]), KP)
-    val, idx = _unpack64(t, 29)
+    gbase = gm_ptr + row.to(tl.int64) * NGP
     k = tl.arange(0, KP)
+    if R > 1:
+        # two levels: the top-KP groups lie in the top-KP super-groups (R
+        # consecutive groups) by maximum (same argument as groups / elements),
+        # so sort NGP / R super-group maxima, then those KP * R group maxima
+        sg = tl.arange(0, NGP // R)
+        r = tl.arange(0, R)
+        p2 = sg[:, None] * R + r[None, :]
+        sgv = tl.max(tl.load(gbase + p2, mask=p2 < NG, other=-3.4e38), 1)
+        if GPACK64:
+            _, sgid = _unpack64(tl.topk(_pack64(sgv, sg, GBITS), KP), GBITS)
+        else:
+            _, sgid = _unpack32(tl.topk(_pack32(sgv, sg, GBITS), KP), GBITS)
+        q2 = sgid[:, None] * R + r[None, :]
+        gv2 = tl.load(gbase + q2, mask=q2 < NG, other=-3.4e38)
+        l2 = k[:, None] * R + r[None, :]
+        if GPACK64:
+            _, qq = _unpack64(tl.topk(tl.reshape(_pack64(gv2, l2, GBITS), [KP * R]), KP), GBITS)
+        else:
+            _, qq = _unpack32(tl.topk(tl.reshape(_pack32(gv2, l2, GBITS), [KP * R]), KP), GBITS)
+        gid = tl.sum(tl.where((qq // R)[:, None] == k[None, :], sgid[None, :], 0), 1) * R + qq % R
+    else:
+        p = tl.arange(0, NGP)
+        gv = tl.load(gbase + p, mask=p < NG, other=-3.4e38)
+        if GPACK64:
+            _, gid = _unpack64(tl.topk(_pack64(gv, p, GBITS), KP), GBITS)
+        else:
+            _, gid = _unpack32(tl.topk(_pack32(gv, p, GBITS), KP), GBITS)
+    base = x_ptr + row.to(tl.int64) * stride_row
+    if EPACK32:
+        # 16-bit inputs: the value is exact in fp32's high bits, the position
+        # (slot * S + j, slots in increasing group order, so ties still go to
+        # the higher offset) in the low EBITS bits: an fp32 top-K.
+        gid = tl.sort(gid)
+        coffs = gid[:, None] * S + tl.arange(0, S)[None, :]
+        cmask = coffs < V
+        y = tl.load(base + coffs, mask=cmask, other=float("-inf")).to(tl.float32)
+        yk = tl.where(cmask, tl.maximum(y, -3.0e38), -3.3e38)
+        lpos = k[:, None] * S + tl.arange(0, S)[None, :]
+        val, q = _unpack32(tl.topk(tl.reshape(_pack32(yk, lpos, EBITS), [KP * S]), KP), EBITS)
+        slot = q // S
+        gsel = tl.sum(tl.where(slot[:, None] == k[None, :], gid[None, :], 0), 1)
+        idx = gsel * S + (q % S)
+    else:
+        coffs = gid[:, None] * S + tl.arange(0, S)[None, :]  # [KP, S] offsets in the row
+        cmask = coffs < V
+        y = tl.load(base + coffs, mask=cmask, other=float("-inf")).to(tl.float32)
+        yk = tl.where(cmask, tl.maximum(y, -3.0e38), -3.3e38)
+        t = tl.topk(tl.reshape(_pack64(yk, coffs, 29), [KP * S]), KP)
+        val, idx = _unpack64(t, 29)
     km = k < K
     tl.store(lp_ptr + row * K + k, val.to(tl.float32) - lse, mask=km)
     tl.store(id_ptr + row * K + k, idx.to(tl.int64), mask=km)
@@ -216,18 +297,36 @@ def _group_select_kernel(
 # Launch configuration.  "small" is used for bs * L <= small_rows rows, "large"
 # above.  impl "v0": per-chunk top-K + merge (latency-friendly: many programs
 # per row); "v2": streaming group maxima + per-row group selection
-# (throughput-friendly: no sorting in the pass over the logits).
+# (throughput-friendly: no sorting in the pass over the logits).  Options:
+#   load2d   v2 stage 1 loads the chunk as [groups, S] (no reshape)
+#   epack32  v2 stage 2: fp32 (value | position) keys for 16-bit inputs
+#   hier     v2 stage 2: R > 1 selects the groups in two levels (super-groups of
+#            R groups first: sorts NGP / R + KP * R keys instead of NGP)
+#   mpack32  v0 merge: fp32 (value | position) keys for 16-bit inputs
+#   fuse     v0: the last chunk program of a row merges it (no merge launch;
+#            a persistent per-device counter buffer, left at zero)
 # bench/bench_build.py --tune times the candidates on the device and uses the
 # fastest correct ones; the defaults below are its choice on the H200
-# (bench/results-h200.txt: large 164.9 us vs v0 336.3 us at bs 128, L 7, B 32;
-# small v0 14.9 us vs v2 >= 18.4 us at bs 1; tree gather+8 warps 12.2 us).
+# (bench/results-h200.txt).
 CONFIG = {
-    "small": {"impl": "v0", "chunk": 4096, "warps": None, "sel_warps": None},
-    "large": {"impl": "v2", "chunk": 8192, "S": 64, "warps": 8, "sel_warps": 8},
+    "small": {"impl": "v0", "chunk": 4096, "warps": None, "sel_warps": None, "mpack32": True, "fuse": False},
+    "large": {"impl": "v2", "chunk": 8192, "S": 64, "warps": 8, "sel_warps": 8, "load2d": False, "epack32": True},
     "small_rows": 64,
     "tree_warps": 8,
     "tree_gather": True,
 }
+
+_COUNTERS = {}
+
+
+def _counters(dev, n):
+    """Persistent zeroed int32 counters (the fused merge leaves them at zero)."""
+    key = (dev.type, dev.index)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=dev)
+        _COUNTERS[key] = buf
+    return buf
 
 
 def _chunk_params(V: int, KP: int, chunk: int = 4096):
@@ -238,8 +337,20 @@ def _chunk_params(V: int, KP: int, chunk: int = 4096):
     return CHUNK, G, S
 
 
-def topk_logsumexp(x: torch.Tensor, K: int, cfg=None):
-    """``(top_lp[bs, L, K] float32, top_id[bs, L, K] int64)`` in one pass over ``x``."""
+def _buf(bufs, name, shape, dtype, dev):
+    if bufs is None:
+        return torch.empty(shape, dtype=dtype, device=dev)
+    t = bufs.get(name)
+    if t is None or tuple(t.shape) != tuple(shape) or t.dtype != dtype:
+        t = bufs[name] = torch.empty(shape, dtype=dtype, device=dev)
+    return t
+
+
+def topk_logsumexp(x: torch.Tensor, K: int, cfg=None, _stages=3, _bufs=None):
+    """``(top_lp[bs, L, K] float32, top_id[bs, L, K] int64)`` in one pass over ``x``.
+
+    ``_stages`` / ``_bufs`` are for the benchmark only (launch only stage 1
+    (bit 1) or stage 2 (bit 2), on buffers kept in the dict ``_bufs``)."""
     bs, L, V = x.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -257,8 +368,8 @@ def topk_logsumexp(x: torch.Tensor, K: int, cfg=None):
         if x.dtype != torch.float32:
             x2 = x2.float()
     dev = x.device
-    top_lp = torch.empty((bs, L, K), dtype=torch.float32, device=dev)
-    top_id = torch.empty((bs, L, K), dtype=torch.int64, device=dev)
+    top_lp = _buf(_bufs, "lp", (bs, L, K), torch.float32, dev)
+    top_id = _buf(_bufs, "id", (bs, L, K), torch.int64, dev)
     S = max(1, min(int(cfg.get("S") or 64), _next_pow2(V)))
     if cfg.get("impl", "v0") == "v2" and KP * S <= 4096:  # v0 for large K
         CHUNK = max(S, min(int(cfg.get("chunk", 4096)), _next_pow2(V)))
@@ -268,41 +379,58 @@ def topk_logsumexp(x: torch.Tensor, K: int, cfg=None):
         NCP = _next_pow2(NCHUNK)
         gpack64 = pack64 or NGP > (1 << bits)
         gbits = 29 if gpack64 else bits
-        gms = torch.empty((rows, NGP), dtype=torch.float32, device=dev)
-        ms = torch.empty((rows, NCHUNK), dtype=torch.float32, device=dev)
-        ss = torch.empty((rows, NCHUNK), dtype=torch.float32, device=dev)
+        epack32 = bool(cfg.get("epack32")) and not pack64 and KP * S <= (1 << bits)
+        R = int(cfg.get("hier") or 1)
+        if R > 1 and (NGP // R < KP or KP * R > (1 << gbits) or (CHUNK // S) % R):
+            R = 1
+        gms = _buf(_bufs, "gm", (rows, NGP), torch.float32, dev)
+        ms = _buf(_bufs, "m", (rows, NCHUNK), torch.float32, dev)
+        ss = _buf(_bufs, "s", (rows, NCHUNK), torch.float32, dev)
         nw1 = max(1, min(int(cfg.get("warps") or 4), CHUNK // 256))
-        _groupmax_kernel[(rows, NCHUNK)](
-            x2, x2.stride(0), V, NCHUNK, NGP, gms, ms, ss,
-            CHUNK=CHUNK, S=S, EVEN=(V % CHUNK == 0), num_warps=nw1,
-        )
+        if _stages & 1:
+            _groupmax_kernel[(rows, NCHUNK)](
+                x2, x2.stride(0), V, NCHUNK, NGP, gms, ms, ss,
+                CHUNK=CHUNK, S=S, EVEN=(V % CHUNK == 0), LOAD2D=bool(cfg.get("load2d")), num_warps=nw1,
+            )
         n2 = max(NGP, KP * S)
         nw2 = cfg.get("sel_warps") or (4 if n2 <= 1024 else 8)
-        _group_select_kernel[(rows,)](
-            x2, x2.stride(0), V, NCHUNK, NG, gms, ms, ss, top_lp, top_id, K,
-            NCP=NCP, NGP=NGP, S=S, KP=KP, GPACK64=gpack64, GBITS=gbits, num_warps=nw2,
-        )
+        if _stages & 2:
+            _group_select_kernel[(rows,)](
+                x2, x2.stride(0), V, NCHUNK, NG, gms, ms, ss, top_lp, top_id, K,
+                NCP=NCP, NGP=NGP, S=S, KP=KP, GPACK64=gpack64, GBITS=gbits,
+                EPACK32=epack32, EBITS=bits, R=R, num_warps=nw2,
+            )
         return top_lp, top_id
     CHUNK, G, S = _chunk_params(V, KP, int(cfg.get("chunk", 4096)))
     NCHUNK = triton.cdiv(V, CHUNK)
     assert CHUNK <= (1 << bits)
     NCP = _next_pow2(NCHUNK)
     assert NCP * KP <= (1 << 29)
-    vals = torch.empty((rows, NCHUNK, KP), dtype=torch.float32, device=dev)
-    idxs = torch.empty((rows, NCHUNK, KP), dtype=torch.int32, device=dev)
-    ms = torch.empty((rows, NCHUNK), dtype=torch.float32, device=dev)
-    ss = torch.empty((rows, NCHUNK), dtype=torch.float32, device=dev)
+    mpack32 = bool(cfg.get("mpack32")) and not pack64 and NCP * KP <= (1 << bits)
+    mbits = bits if mpack32 else 29
+    vals = _buf(_bufs, "vals", (rows, NCHUNK, KP), torch.float32, dev)
+    idxs = _buf(_bufs, "idxs", (rows, NCHUNK, KP), torch.int32, dev)
+    ms = _buf(_bufs, "m", (rows, NCHUNK), torch.float32, dev)
+    ss = _buf(_bufs, "s", (rows, NCHUNK), torch.float32, dev)
+    fuse = bool(cfg.get("fuse"))
+    cnt = _counters(dev, rows) if fuse else ms
     nw1 = cfg.get("warps") or (4 if KP * S <= 1024 else 8)
-    _topk_chunk_kernel[(rows, NCHUNK)](
-        x2, x2.stride(0), V, NCHUNK, vals, idxs, ms, ss,
-        CHUNK=CHUNK, G=G, S=S, KP=KP, PACK64=pack64, BITS=bits, num_warps=nw1,
-    )
+    if _stages & 1:
+        _topk_chunk_kernel[(rows, NCHUNK)](
+            x2, x2.stride(0), V, NCHUNK, vals, idxs, ms, ss,
+            cnt, top_lp, top_id, K,
+            CHUNK=CHUNK, G=G, S=S, KP=KP, PACK64=pack64, BITS=bits,
+            FUSE=fuse, NCP=NCP, MPACK32=mpack32, MBITS=mbits, num_warps=nw1,
+        )
+    if fuse:
+        return top_lp, top_id
     n2 = NCP * KP
     nw2 = cfg.get("sel_warps") or (4 if n2 <= 2048 else (8 if n2 <= 8192 else 16))
-    _topk_merge_kernel[(rows,)](
-        vals, idxs, ms, ss, top_lp, top_id, NCHUNK, K,
-        NCP=NCP, KP=KP, BITS=29, num_warps=nw2,
-    )
+    if _stages & 2:
+        _topk_merge_kernel[(rows,)](
+            vals, idxs, ms, ss, top_lp, top_id, NCHUNK, K,
+            NCP=NCP, KP=KP, MPACK32=mpack32, MBITS=mbits, num_warps=nw2,
+        )
     return top_lp, top_id
 
 
