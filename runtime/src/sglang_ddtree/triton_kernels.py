@@ -3,18 +3,22 @@
 1. ``topk_logsumexp(x[bs, L, V], K)``: top-K log-probabilities and token ids
    per row, reading the logits once.  Two implementations, picked by the number
    of rows (``CONFIG``):
-   * v0 (few rows, latency): grid (rows, V/4096 chunks); each program reads its
+   * v0 (few rows, latency): grid (rows, V/CHUNK chunks); each program reads its
      chunk once: max and sum(exp) for the logsumexp, group maxima, the top-K
-     groups, then a bitonic ``tl.topk`` over only those groups' elements; a
-     second kernel merges the chunks per row.
+     groups, then a bitonic ``tl.topk`` over only those groups' elements.  The
+     per-row merge of the chunks' top-K runs in the last chunk program of the
+     row to finish (``fuse``: an atomic per-row counter, reset to zero by that
+     program) or in a second kernel; for 16-bit inputs its keys are fp32.
    * v2 (many rows, throughput): ``_groupmax_kernel`` streams the logits with
      no sorting at all (per chunk: max, sum(exp), maxima of contiguous groups
      of S = 64); ``_group_select_kernel`` (one program per row) combines the
-     logsumexp, takes the top-K groups by group maximum (the row's top-K
-     elements lie in them) and the top-K of those K*S re-read logits.
-   Values carry their index in the low mantissa bits of a wider float
-   (bf16/fp16 -> fp32, fp32 -> fp64), which keeps the order of distinct
-   values, so one ``tl.topk`` carries values and indices.
+     logsumexp, takes the top-K groups by group maximum in two levels (top-K
+     super-groups of ``hier`` groups, then the top-K of their groups; the
+     row's top-K elements lie in them) and the top-K of those K*S re-read
+     logits (fp32 keys for 16-bit inputs).
+   Values carry their index (or a position in a small candidate list) in the
+   low mantissa bits of a float (bf16/fp16 -> fp32, fp32 -> fp64), which keeps
+   the order of distinct values, so one ``tl.topk`` carries values and indices.
 2. ``build_trees_from_top_triton``: one program per request does the beam over
    depths (float64 scores), the global top-B with a shallower-first tie-break,
    the depth-major ordering, parent / token / depth assembly and the ancestor
@@ -308,9 +312,13 @@ def _group_select_kernel(
 # bench/bench_build.py --tune times the candidates on the device and uses the
 # fastest correct ones; the defaults below are its choice on the H200
 # (bench/results-h200.txt).
+# 2026-11-29 run 3: large 123.3 us (stage 1 85.4 + stage 2 36.6; was 160.3 =
+# 85.1 + 73.3 with fp64 element keys and a 4096-wide group sort); small 13.4 us
+# (fused merge, chunk 8192; was 14.6 = 6.9 + 8.1 with two launches).
 CONFIG = {
-    "small": {"impl": "v0", "chunk": 4096, "warps": None, "sel_warps": None, "mpack32": True, "fuse": False},
-    "large": {"impl": "v2", "chunk": 8192, "S": 64, "warps": 8, "sel_warps": 8, "load2d": False, "epack32": True},
+    "small": {"impl": "v0", "chunk": 8192, "warps": None, "sel_warps": None, "mpack32": True, "fuse": True},
+    "large": {"impl": "v2", "chunk": 8192, "S": 64, "warps": 8, "sel_warps": 4, "load2d": False,
+              "epack32": True, "hier": 4},
     "small_rows": 64,
     "tree_warps": 8,
     "tree_gather": True,
