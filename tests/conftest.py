@@ -130,3 +130,32 @@ def lab_host():
                 lab.down(say=lambda m: print(m, flush=True))   # raises LabError on leftovers
                 left = lab.leftovers()
                 assert left == [], f"lab teardown left: {left}"
+
+
+# --- end-to-end tests that deploy to the lab (tests/deploy, tests/gates); helpers in labtools.py
+
+
+@pytest.fixture(scope="module")
+def clean_lab(lab_host):
+    """The lab host with no releases, ledger, baselines or faults, before and after the module."""
+    from labtools import reset_host
+
+    reset_host(lab_host)
+    yield lab_host
+    reset_host(lab_host)
+
+
+@pytest.fixture
+def ops(lab_host):
+    """Runs the opsctl CLI as a user would, against the lab inventory."""
+    from labtools import Ops
+
+    return Ops(lab_host.inventory_dir)
+
+
+@pytest.fixture
+def snapshot():
+    """host_snapshot(lab) -> text of everything a deploy may change on the host."""
+    from labtools import host_snapshot
+
+    return host_snapshot
