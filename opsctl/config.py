@@ -158,6 +158,8 @@ class HostSettings(_Strict):
     ssh_strict_host_keys: bool = True
     min_free_disk_gib: float = Field(20.0, ge=0)
     transfer_limit_mib_s: float | None = Field(None, gt=0, description="cap the drafter transfer rate (shared links)")
+    guard_s: int | None = Field(None, ge=10, description="seconds after a switch before the host reverts an "
+                                "unconfirmed release; default: readiness timeout + 30 min (gates included)")
     extra_env: dict[str, str] = Field(default_factory=dict)
     secrets_file: Path | None = Field(None, description="controller file of KEY=VALUE secrets (HF token, API key); shipped 0600")
     profiles: dict[str, dict[str, Any]] = Field(default_factory=dict)

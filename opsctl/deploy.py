@@ -408,7 +408,7 @@ def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile,
     append_ledger(conn, host, {"action": "deploy", "result": "started", "from_release": previous,
                                "to_release": plan.release, "profile": profile.name, "budget": profile.budget})
     if previous and previous != plan.release:
-        arm_guard(conn, host, previous, profile.readiness_timeout_s + 1800)
+        arm_guard(conn, host, previous, host.settings.guard_s or profile.readiness_timeout_s + 1800)
     t0 = steps.start("switch", f"{previous or 'none'} -> {plan.release}")
     since = switch(conn, host, plan.release)
     steps.done("switch", t0, f"current -> {plan.release}")

@@ -194,3 +194,39 @@ def test_interrupted_deploy_keeps_old_release_and_next_deploy_resumes(clean_lab,
     assert o["result"] == "promoted"
     # resumed: less than the whole file went over the wire the second time
     assert 0 < o["drafter_bytes_sent"] < 96 << 20
+
+
+def test_controller_killed_after_switch_the_host_reverts_by_itself(clean_lab, ops, tmp_path):
+    """The guard timer: a deploy whose controller dies between switch and verdict must not
+    leave an unjudged release serving."""
+    inv = tmp_path / "inv"
+    shutil.copytree(clean_lab.inventory_dir, inv)
+    gv = inv / "group_vars/all.yml"
+    gv.write_text(gv.read_text().replace("  keep_releases: 5", "  keep_releases: 5\n  guard_s: 15"))
+    rc, _, err = ops.json("deploy", "ar-tp8", *FAST)  # the release to fall back to: not touched by the fault
+    assert rc == 0, err
+    before = live(clean_lab)
+    clean_lab.set_fault("slow_start", load_s=60, algorithm="DDTREE")  # the new release never gets ready in time
+    try:
+        proc = subprocess.Popen([*OPSCTL, "deploy", "ddtree", "--budget", "6", *FAST, "-i", str(inv)], cwd=REPO,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not live(clean_lab)["current"].startswith("ddtree-b6-"):
+            time.sleep(0.5)
+        assert live(clean_lab)["current"].startswith("ddtree-b6-"), "the deploy never switched"
+        import os
+
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and live(clean_lab)["current"] != before["current"]:
+            time.sleep(1)
+    finally:
+        clean_lab.clear_faults()
+    assert live(clean_lab)["current"] == before["current"]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and health(clean_lab) != 200:
+        time.sleep(1)
+    assert health(clean_lab) == 200
+    last = ledger(clean_lab)[-1]
+    assert last["action"] == "rollback" and last["reason"] == "guard-timeout" and last["to_release"] == before["current"]
