@@ -42,7 +42,7 @@ import torch
 from test_worker_step import PagedLM, V, D  # noqa: F401  (same toy model)
 
 
-N_NEW = 32
+N_NEW = 16  # tokens generated per request: enough steps to cross several accept/commit rounds
 
 
 class Rec:

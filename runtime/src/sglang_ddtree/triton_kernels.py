@@ -322,6 +322,16 @@ CONFIG = {
     "small_rows": 64,
     "tree_warps": 8,
     "tree_gather": True,
+    # tree kernel, everything in registers (REG): "tree_reg_small" for
+    # bs * L <= small_rows, "tree_reg" above; "tree_warps_small" likewise
+    # (None: "tree_warps").  Keep REG off: in run 4 (H200, triton 3.6.0) it
+    # built WRONG trees (tokens / parents, bs 3, bf16) at 4 and 8 warps,
+    # while exact at 1 and 2 warps and in the interpreter.  The likely cause is
+    # the lowering of the [LP*BP] reshape + tl.gather, not found yet.  It
+    # saved only 0.5 us at bs 1 (tree 12.1 -> 11.4 us).
+    "tree_reg": False,
+    "tree_reg_small": False,
+    "tree_warps_small": None,
 }
 
 _COUNTERS = {}
@@ -484,7 +494,8 @@ def _tree_kernel(
     ll = tl.arange(0, LP)
     fl = ll[:, None] * BP + bb[None, :]
     if REG:
-        # everything in registers (REG implies GATHER): per-depth scores / parent
+        # EXPERIMENTAL, off by default (wrong trees on the H200 at 4 / 8 warps,
+        # see CONFIG). Everything in registers (REG implies GATHER): per-depth scores / parent
         # slots / token ranks kept as [LP, BP] tensors, the next depth's
         # candidate log-probs loaded one step ahead (off the serial chain), the
         # token ids loaded up front; no scratch round trips, no barriers.
@@ -495,7 +506,7 @@ def _tree_kernel(
         il = tl.arange(0, LP * KP)
         idm = ((il // KP) < L) & ((il % KP) < K)
         IDS = tl.load(id_ptr + b * (L * K) + (il // KP) * K + (il % KP), mask=idm, other=0)
-        lj = tl.load(lpb + 1 * K + ccol, mask=cvalid & (L > 1), other=0.0).to(tl.float64)
+        lj = tl.load(lpb + 1 * K + ccol, mask=cvalid & (tl.full([CP], 1, tl.int32) < L), other=0.0).to(tl.float64)
         for d in range(1, L):
             lj_n = tl.load(lpb + (d + 1) * K + ccol, mask=cvalid & (d + 1 < L), other=0.0).to(tl.float64)
             bi = tl.gather(beam, crow, 0)
