@@ -322,16 +322,6 @@ CONFIG = {
     "small_rows": 64,
     "tree_warps": 8,
     "tree_gather": True,
-    # tree kernel, everything in registers (REG): "tree_reg_small" for
-    # bs * L <= small_rows, "tree_reg" above; "tree_warps_small" likewise
-    # (None: "tree_warps").  Keep REG off: in run 4 (H200, triton 3.6.0) it
-    # built WRONG trees (tokens / parents, bs 3, bf16) at 4 and 8 warps,
-    # while exact at 1 and 2 warps and in the interpreter.  The likely cause is
-    # the lowering of the [LP*BP] reshape + tl.gather, not found yet.  It
-    # saved only 0.5 us at bs 1 (tree 12.1 -> 11.4 us).
-    "tree_reg": False,
-    "tree_reg_small": False,
-    "tree_warps_small": None,
 }
 
 _COUNTERS = {}
@@ -459,7 +449,7 @@ def _tree_kernel(
     tok_ptr, par_ptr, dep_ptr, val_ptr, vis_ptr,
     HAS_ROOT: tl.constexpr, L: tl.constexpr, K: tl.constexpr, B: tl.constexpr,
     LP: tl.constexpr, BP: tl.constexpr, KP: tl.constexpr, NP: tl.constexpr,
-    CP: tl.constexpr, EPS: tl.constexpr, GATHER: tl.constexpr, REG: tl.constexpr,
+    CP: tl.constexpr, EPS: tl.constexpr, GATHER: tl.constexpr,
 ):
     b = tl.program_id(0)
     lpb = lp_ptr + b * (L * K)
@@ -490,68 +480,39 @@ def _tree_kernel(
     negb = tl.full([BP], -1.0e30, tl.float64)
     beam = tl.load(lpb + bb, mask=bb < K, other=0.0).to(tl.float64)
     beam = tl.where(bb < K, beam, negb)
+    tl.store(sc + bb, beam)
+    tl.store(ps + bb, tl.zeros([BP], dtype=tl.int32))
+    tl.store(rk + bb, bb)
+    if not GATHER:
+        tl.debug_barrier()
     kk = tl.arange(0, KP)
-    ll = tl.arange(0, LP)
-    fl = ll[:, None] * BP + bb[None, :]
-    if REG:
-        # EXPERIMENTAL, off by default (wrong trees on the H200 at 4 / 8 warps,
-        # see CONFIG). Everything in registers (REG implies GATHER): per-depth scores / parent
-        # slots / token ranks kept as [LP, BP] tensors, the next depth's
-        # candidate log-probs loaded one step ahead (off the serial chain), the
-        # token ids loaded up front; no scratch round trips, no barriers.
-        d0 = ll[:, None] == 0
-        SC = tl.where(d0, beam[None, :], tl.full([LP, BP], -1.0e30, tl.float64))
-        PS = tl.zeros([LP, BP], dtype=tl.int32)
-        RK = tl.where(d0, bb[None, :], 0)
-        il = tl.arange(0, LP * KP)
-        idm = ((il // KP) < L) & ((il % KP) < K)
-        IDS = tl.load(id_ptr + b * (L * K) + (il // KP) * K + (il % KP), mask=idm, other=0)
-        lj = tl.load(lpb + 1 * K + ccol, mask=cvalid & (tl.full([CP], 1, tl.int32) < L), other=0.0).to(tl.float64)
-        for d in range(1, L):
-            lj_n = tl.load(lpb + (d + 1) * K + ccol, mask=cvalid & (d + 1 < L), other=0.0).to(tl.float64)
+    for d in range(1, L):
+        if GATHER:  # register gathers (no round trip through memory)
+            lpd = tl.load(lpb + d * K + kk, mask=kk < K, other=0.0).to(tl.float64)
             bi = tl.gather(beam, crow, 0)
-            cand = tl.where(cvalid, bi + lj, -3.0e30)
-            t = tl.topk(_pack64(cand, cflat, 12), BP)
-            s, j = _unpack64(t, 12)
-            s = tl.where(bb < B, s, negb)
-            dd = ll[:, None] == d
-            SC = tl.where(dd, s[None, :], SC)
-            PS = tl.where(dd, (j // KP)[None, :], PS)
-            RK = tl.where(dd, (j % KP)[None, :], RK)
-            beam = s
-            lj = lj_n
-        sall = SC
-    else:
-        tl.store(sc + bb, beam)
-        tl.store(ps + bb, tl.zeros([BP], dtype=tl.int32))
-        tl.store(rk + bb, bb)
+            lj = tl.gather(lpd, ccol, 0)
+        else:
+            bi = tl.load(sc + (d - 1) * BP + crow)
+            lj = tl.load(lpb + d * K + ccol).to(tl.float64)
+        cand = tl.where(cvalid, bi + lj, -3.0e30)
+        t = tl.topk(_pack64(cand, cflat, 12), BP)
+        s, j = _unpack64(t, 12)
+        s = tl.where(bb < B, s, negb)
+        tl.store(sc + d * BP + bb, s)
+        tl.store(ps + d * BP + bb, j // KP)
+        tl.store(rk + d * BP + bb, j % KP)
+        beam = s
         if not GATHER:
             tl.debug_barrier()
-        for d in range(1, L):
-            if GATHER:  # register gathers (no round trip through memory)
-                lpd = tl.load(lpb + d * K + kk, mask=kk < K, other=0.0).to(tl.float64)
-                bi = tl.gather(beam, crow, 0)
-                lj = tl.gather(lpd, ccol, 0)
-            else:
-                bi = tl.load(sc + (d - 1) * BP + crow)
-                lj = tl.load(lpb + d * K + ccol).to(tl.float64)
-            cand = tl.where(cvalid, bi + lj, -3.0e30)
-            t = tl.topk(_pack64(cand, cflat, 12), BP)
-            s, j = _unpack64(t, 12)
-            s = tl.where(bb < B, s, negb)
-            tl.store(sc + d * BP + bb, s)
-            tl.store(ps + d * BP + bb, j // KP)
-            tl.store(rk + d * BP + bb, j % KP)
-            beam = s
-            if not GATHER:
-                tl.debug_barrier()
-        if GATHER:
-            tl.debug_barrier()
-        lm = (ll[:, None] < L) & (bb[None, :] < BP)
-        sall = tl.load(sc + fl, mask=lm, other=0.0)
-        sall = tl.where(lm, sall, tl.full([LP, BP], -1.0e30, tl.float64))
+    if GATHER:
+        tl.debug_barrier()
 
     # global top-B over all depths (shallower first on ties), depth-major order
+    ll = tl.arange(0, LP)
+    fl = ll[:, None] * BP + bb[None, :]
+    lm = (ll[:, None] < L) & (bb[None, :] < BP)
+    sall = tl.load(sc + fl, mask=lm, other=0.0)
+    sall = tl.where(lm, sall, tl.full([LP, BP], -1.0e30, tl.float64))
     key = sall - EPS * ll[:, None].to(tl.float64)
     t = tl.topk(tl.reshape(_pack64(key, fl, 12), [LP * BP]), BP)
     sv, f = _unpack64(t, 12)
@@ -560,24 +521,13 @@ def _tree_kernel(
     nv = fs < 1048576
     fc = tl.where(nv, fs, 0)
     di = fc // BP
-    if REG:
-        psl = tl.gather(tl.reshape(PS, [LP * BP]), fc, 0)
-        rkl = tl.gather(tl.reshape(RK, [LP * BP]), fc, 0)
-        # parent node = 1 + the slot k of the selected list holding the parent's
-        # flat index (parents are always selected: higher score, shallower)
-        pf = (di - 1) * BP + psl
-        match = (fc[None, :] == pf[:, None]) & nv[None, :]
-        pnode = tl.sum(tl.where(match, bb[None, :] + 1, 0), 1)
-        pnode = tl.where(nv & (di > 0), pnode, 0)
-        tok = tl.gather(IDS, di * KP + rkl, 0)
-    else:
-        tl.store(pos + fc, bb + 1, mask=nv)
-        tl.debug_barrier()
-        psl = tl.load(ps + fc, mask=nv, other=0)
-        rkl = tl.load(rk + fc, mask=nv, other=0)
-        pnode = tl.load(pos + (di - 1) * BP + psl, mask=nv & (di > 0), other=0)
-        pnode = tl.where(di == 0, 0, pnode)
-        tok = tl.load(id_ptr + b * (L * K) + di * K + rkl, mask=nv, other=0)
+    tl.store(pos + fc, bb + 1, mask=nv)
+    tl.debug_barrier()
+    psl = tl.load(ps + fc, mask=nv, other=0)
+    rkl = tl.load(rk + fc, mask=nv, other=0)
+    pnode = tl.load(pos + (di - 1) * BP + psl, mask=nv & (di > 0), other=0)
+    pnode = tl.where(di == 0, 0, pnode)
+    tok = tl.load(id_ptr + b * (L * K) + di * K + rkl, mask=nv, other=0)
 
     ob = b * (B + 1)
     om = bb < B
@@ -632,8 +582,7 @@ def _num_candidates(B: int, K: int) -> int:
     return sum(min(K, B // (i + 1)) for i in range(B))
 
 
-def build_trees_from_top_triton(top_lp, top_id, budget, root_tokens=None, num_warps=None, gather=None,
-                                reg=None) -> DDTrees:
+def build_trees_from_top_triton(top_lp, top_id, budget, root_tokens=None, num_warps=None, gather=None) -> DDTrees:
     bs, L, K = top_lp.shape
     B = int(budget)
     N = B + 1
@@ -656,17 +605,12 @@ def build_trees_from_top_triton(top_lp, top_id, budget, root_tokens=None, num_wa
     has_root = root_tokens is not None
     root = root_tokens.to(device=dev, dtype=torch.int64).contiguous() if has_root else tokens
     CP = max(BP, _next_pow2(_num_candidates(B, K)))
-    small = bs * L <= CONFIG["small_rows"]
-    nw = (num_warps or (CONFIG.get("tree_warps_small") if small else None) or CONFIG["tree_warps"]
-          or (4 if CP <= 256 and NP <= 64 else 8))
+    nw = num_warps or CONFIG["tree_warps"] or (4 if CP <= 256 and NP <= 64 else 8)
     if gather is None:
         gather = CONFIG["tree_gather"]
-    if reg is None:
-        reg = CONFIG.get("tree_reg_small" if small else "tree_reg", False)
-    reg = bool(reg) and bool(gather) and LP * KP <= 4096
     _tree_kernel[(bs,)](
         top_lp, top_id, root, sc, ps, rk, pos, tokens, parents, depths, valid, vis,
         HAS_ROOT=has_root, L=L, K=K, B=B, LP=LP, BP=BP, KP=KP, NP=NP, CP=CP, EPS=DEPTH_EPS, GATHER=bool(gather),
-        REG=reg, num_warps=nw,
+        num_warps=nw,
     )
     return DDTrees(tokens, parents, depths, vis.view(torch.bool), valid.view(torch.bool))
