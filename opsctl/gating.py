@@ -75,12 +75,29 @@ def post_checks(inv: Inventory, host: HostConfig, steps: "Steps") -> "GateOutcom
 # --------------------------------------------------------------------------- startup validation
 
 
-def probe_load_args(profile: Profile) -> list[str]:
-    """A short load that runs enough decode steps for SGLang to print decode lines
-    (one every decode_log_interval steps; a speculative step emits ~accept_len tokens)."""
-    output_len = min(4096, profile.decode_log_interval * max(2, profile.verify_width // 2) + 64)
+PROBE_ROUNDS = 12
+
+
+def probe_load_args(profile: Profile, round_no: int = 0) -> list[str]:
+    """One round of a short probe load. SGLang prints a decode line every
+    decode_log_interval forward steps, and a speculative step emits ~accept_len tokens,
+    so the number of rounds needed depends on the (unknown) accept length: the caller
+    repeats rounds until decode lines appear."""
+    output_len = max(32, min(2 * profile.decode_log_interval * min(profile.verify_width, 4), 2048))
     return ["--concurrency", "2", "--requests-per-level", "2", "--repeats", "1", "--warmup", "0",
-            "--input-len", "64", "--output-len", str(output_len), "--seed", "7"]
+            "--input-len", "64", "--output-len", str(output_len), "--seed", str(7 + round_no)]
+
+
+def run_probe(conn: Connection, host: HostConfig, profile: Profile, since: int | str):
+    """Probe load in rounds until the journal holds at least two decode lines of the
+    running server; returns the parsed journal."""
+    parsed = None
+    for round_no in range(PROBE_ROUNDS):
+        run_loadgen(conn, host, probe_load_args(profile, round_no), timeout=600)
+        parsed = journal.parse(journal.read_journal(conn, host.unit_name, since))
+        if len(parsed.decodes_of()) >= 2:
+            break
+    return parsed
 
 
 def run_loadgen(conn: Connection, host: HostConfig, args: list[str], *, timeout: float = 900) -> str:
@@ -99,9 +116,7 @@ def validate_release(conn: Connection, host: HostConfig, profile: Profile, since
     entries = journal.read_journal(conn, host.unit_name, since)
     findings = validate.validate_startup(journal.parse(entries), profile)
     if validate.all_ok(findings):
-        run_loadgen(conn, host, probe_load_args(profile), timeout=600)
-        entries = journal.read_journal(conn, host.unit_name, since)
-        findings = validate.validate(journal.parse(entries), profile, require_decode=True)
+        findings = validate.validate(run_probe(conn, host, profile, since), profile, require_decode=True)
     return _finish_validation(conn, host, profile, findings, steps, t0)
 
 
@@ -145,9 +160,7 @@ def validate_live(inv: Inventory, limit: str | None) -> list[Finding]:
                 raise CheckFailed(f"{host.unit_name} is not running on {host.name}",
                                   f"start it (systemctl start {host.unit_name}) or roll back")
             since_arg = int(started.stdout.strip())
-            run_loadgen(conn, host, probe_load_args(profile), timeout=600)
-            entries = journal.read_journal(conn, host.unit_name, since_arg)
-            findings = validate.validate(journal.parse(entries), profile, require_decode=True)
+            findings = validate.validate(run_probe(conn, host, profile, since_arg), profile, require_decode=True)
             out.extend(f.model_copy(update={"details": {**f.details, "host": host.name}}) for f in findings)
         finally:
             conn.close()
