@@ -10,6 +10,7 @@ import typer
 
 from opsctl.cli import _common, _output
 from opsctl import deploy as core
+from opsctl.errors import ConfigError
 
 
 class _StepPrinter:
@@ -97,8 +98,12 @@ def register(app: typer.Typer) -> None:
         printer = _StepPrinter(json_out, verbose)
 
         def confirm(plan: core.Plan) -> bool:
-            if yes or json_out or not sys.stdin.isatty():
+            if yes:
                 return True
+            if json_out or not sys.stdin.isatty():
+                # nobody can answer the question: a script must say --yes explicitly
+                raise ConfigError("deploy needs confirmation and there is no terminal to ask on",
+                                  "add --yes (or review the plan first with --dry-run)")
             _print_plan(plan.as_dict())
             return typer.confirm(f"apply this to {plan.host.name}?", default=False)
 

@@ -127,6 +127,8 @@ def test_bad_input_changes_nothing_on_the_host(clean_lab, ops, snapshot, tmp_pat
     assert ops("deploy", "nope", "--yes").returncode == 2
     assert ops("deploy", "ddtree", "--budget", "0", "--yes").returncode == 2
     assert ops("deploy", "ar-tp8", "--budget", "4", "--yes").returncode == 2
+    unconfirmed = ops("deploy", "ddtree", "--budget", "3", "--no-gate", "--skip-checks")  # no --yes, no terminal
+    assert unconfirmed.returncode == 2 and "add --yes" in unconfirmed.stderr
     inv = tmp_path / "inv"
     shutil.copytree(clean_lab.inventory_dir, inv)
     gv = inv / "group_vars/all.yml"
