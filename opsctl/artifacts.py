@@ -182,9 +182,10 @@ def remote_drafter_state(conn: Connection, host: HostConfig) -> tuple[set[str], 
     return digests, by_sha
 
 
-def plan_drafter(conn: Connection, host: HostConfig, manifest: DrafterManifest) -> dict:
+def plan_drafter(conn: Connection, host: HostConfig, manifest: DrafterManifest,
+                 state: tuple[set[str], dict[str, str]] | None = None) -> dict:
     """What a sync would do, without doing it."""
-    digests, by_sha = remote_drafter_state(conn, host)
+    digests, by_sha = state or remote_drafter_state(conn, host)
     if manifest.digest in digests:
         return {"present": True, "send": [], "link": [], "bytes_to_send": 0}
     send = [r for r, m in manifest.files.items() if m["sha256"] not in by_sha]
@@ -220,10 +221,11 @@ def sync_drafter(conn: Connection, host: HostConfig, source: Path, manifest: Dra
     base = host.install_root / "shared" / "drafters"
     final = base / manifest.digest
     incoming = base / f".incoming-{manifest.digest}"
-    plan = plan_drafter(conn, host, manifest)
+    state = remote_drafter_state(conn, host)
+    by_sha = state[1]
+    plan = plan_drafter(conn, host, manifest, state)
     if plan["present"]:
         return SyncResult(manifest.digest, manifest.total_bytes, 0, 0, 0, True, time.monotonic() - t0)
-    _, by_sha = remote_drafter_state(conn, host)
     conn.run(f"mkdir -p {shlex.quote(str(incoming))}")
     links = []
     for rel in plan["link"]:

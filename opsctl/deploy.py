@@ -24,7 +24,7 @@ from opsctl import __version__
 from opsctl.artifacts import (DrafterManifest, SyncResult, drafter_manifest, plan_drafter, runtime_wheel,
                               sha256_file, sync_drafter)
 from opsctl.config import HostConfig, Inventory, Profile, load_inventory
-from opsctl.errors import CheckFailed, ConfigError, DeployFailed, HostError, OpsctlError
+from opsctl.errors import ConfigError, DeployFailed, OpsctlError
 from opsctl.hosts import Connection, connect
 from opsctl.playbook import PlayResult, PlayStep, run_playbook
 from opsctl.releases import HostLock, HostState, ReleaseInfo, append_ledger, now_iso, read_state, release_id, who
@@ -649,7 +649,6 @@ def bench_live(inventory: str | Path | Inventory, *, limit: str | None = None, o
 def release_bench(inventory: str | Path | Inventory, release: str, *, limit: str | None = None):
     """(the release's stored bench run, the host's baseline run) for `opsctl report RELEASE`."""
     from opsctl import gating
-    from opsctl.bench.results import from_records, parse_jsonl_text
 
     inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
     host = inv.single(limit)
@@ -659,9 +658,7 @@ def release_bench(inventory: str | Path | Inventory, release: str, *, limit: str
         if not res.ok:
             raise ConfigError(f"no bench results for release {release!r} on {host.name}",
                               "pass a results file, or a release id from 'opsctl history' that was benchmarked")
-        records = parse_jsonl_text(res.stdout, source=f"{host.name}:{release}/bench.jsonl")
-        meta = next((r for r in records if r.get("record") == "meta"), {})
-        run = from_records([r for r in records if r.get("record") != "meta"], meta=meta)
+        run = gating.run_from_text(res.stdout, source=f"{host.name}:{release}/bench.jsonl")
         base = gating.load_baseline(conn, host) if gating.has_baseline(conn, host) else None
     finally:
         conn.close()

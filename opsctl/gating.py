@@ -285,13 +285,18 @@ def save_baseline(conn: Connection, host: HostConfig, profile_name: str, run) ->
 
 
 def load_baseline(conn: Connection, host: HostConfig):
-    from opsctl.bench.results import parse_jsonl_text, from_records
-
     run_path, _ = baseline_paths(host, host.baseline_profile)
     res = conn.run(f"cat {run_path}", check=False)
     if not res.ok:
         require_baseline(conn, host)
-    records = parse_jsonl_text(res.stdout, source=f"{host.name}:{run_path}")
+    return run_from_text(res.stdout, source=f"{host.name}:{run_path}")
+
+
+def run_from_text(text: str, *, source: str):
+    """A BenchRun from the JSON lines `write_jsonl` stored on a host."""
+    from opsctl.bench.results import from_records, parse_jsonl_text
+
+    records = parse_jsonl_text(text, source=source)
     meta = next((r for r in records if r.get("record") == "meta"), {})
     return from_records([r for r in records if r.get("record") != "meta"], meta=meta)
 

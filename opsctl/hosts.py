@@ -162,8 +162,6 @@ class SSHConnection:
 
     def run(self, command: str, *, check: bool = True, timeout: float | None = None,
             stdin: str | None = None, on_stderr_line: Callable[[str], None] | None = None) -> Result:
-        import io
-
         conn = self._connection()
         start = time.monotonic()
         if stdin is not None:

@@ -15,11 +15,9 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,20 +94,10 @@ def _session_lock(wait_s: float = 1800):
     if os.environ.get("OPSCTL_LAB_LOCK_HELD") == "1":   # the caller holds it (flock(1) around pytest)
         yield
         return
-    fd = os.open(SESSION_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    deadline = time.monotonic() + wait_s
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"another pytest session holds {SESSION_LOCK} (the lab) for over {wait_s:.0f}s")
-                time.sleep(1)
+    from opsctl.lab.host import _locked  # the same flock loop `opsctl lab` uses for its own lock
+
+    with _locked(SESSION_LOCK, wait_s):
         yield
-    finally:
-        os.close(fd)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,6 @@
 """opsctl deploy / rollback / status / history."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Optional
