@@ -66,27 +66,32 @@ def check_tree(tr, b, ref):
     return None
 
 
-def exactness(dev, n_cases, seed=0, time_cap=150.0):
+def exactness_cases(n_cases, seed=0):
+    """(L, B, V, bs, scale, seed) cases: every L x budget x vocab combination
+    (L 1-15, budget 1-256, V 2-200k), batch 1-64, fp32 logits."""
     rng = random.Random(seed)
-    shapes = []
-    for L in (1, 4, 7, 15):
-        for B in (1, 8, 32, 64, 256):
-            for V in (2, 1000, V_KIMI, 200000):
-                shapes.append((L, B, V))
+    shapes = [(L, B, V) for L in (1, 4, 7, 15) for B in (1, 8, 32, 64, 256) for V in (2, 1000, V_KIMI, 200000)]
     rng.shuffle(shapes)
-    shapes = shapes[:n_cases]
+    shapes = (shapes * (1 + n_cases // len(shapes)))[:n_cases]
+    out = []
+    for (L, B, V) in shapes:
+        bs = rng.choice([1, 16, 64]) if V < 100000 else rng.choice([1, 8, 16])
+        out.append((L, B, V, bs, rng.choice([1.0, 3.0, 8.0]), rng.randrange(1 << 30)))
+    return out
+
+
+def exactness(dev, cases, time_cap=150.0):
     trees = bad = 0
     fails = []
     t0 = time.time()
     done = 0
-    for (L, B, V) in shapes:
+    for (L, B, V, bs, scale, seed) in cases:
         if time.time() - t0 > time_cap:
             log(f"[exactness] time cap reached after {done} shapes")
             break
         done += 1
-        bs = rng.choice([1, 16, 64]) if V < 100000 else rng.choice([1, 8, 16])
-        g = torch.Generator(device=dev).manual_seed(rng.randrange(1 << 30))
-        x = torch.randn(bs, L, V, device=dev, generator=g) * rng.choice([1.0, 3.0, 8.0])
+        g = torch.Generator(device=dev).manual_seed(seed)
+        x = torch.randn(bs, L, V, device=dev, generator=g) * scale
         tr = build_trees(x, B)
         torch.cuda.synchronize()
         xc = x.cpu()
@@ -104,9 +109,12 @@ def exactness(dev, n_cases, seed=0, time_cap=150.0):
     return trees, bad
 
 
+GRAPH_SHAPES = [(8, 7, 32), (4, 15, 64), (2, 7, 128), (128, 7, 32), (1, 15, 16)]
+
+
 def graph_check(dev):
     ok_all = True
-    for (bs, L, B) in [(8, 7, 32), (4, 15, 64), (2, 7, 128)]:
+    for (bs, L, B) in GRAPH_SHAPES:
         V = V_KIMI
         N = B + 1
         x_static = torch.randn(bs, L, V, device=dev, dtype=torch.bfloat16)
@@ -194,52 +202,45 @@ def heap_path(x, B):
     return [build_tree(None, B, top=(lp_np[b], ids_np[b])) for b in range(bs)]
 
 
-def bench_table(dev, bw, quick=False):
+def bench_table(dev, bw, shapes):
     rows = []
-    Ls = (7, 15)
-    Bs = (8, 16, 32, 64)
-    bss = (1, 8, 32, 128)
-    if quick:
-        Ls, Bs, bss = (7,), (32,), (1, 8, 32, 128)
-    for L in Ls:
-        for B in Bs:
-            for bs in bss:
-                x = torch.randn(bs, L, V_KIMI, device=dev).to(torch.bfloat16)
-                floor_us = x.numel() * x.element_size() / bw * 1e6
-                # heap reference
-                heap_path(x, B)
-                torch.cuda.synchronize()
-                reps = 3 if bs >= 32 else 10
-                t0 = time.perf_counter()
-                for _ in range(reps):
-                    heap_path(x, B)
-                heap_us = (time.perf_counter() - t0) / reps * 1e6
-                # eager
-                for _ in range(3):
-                    build_trees(x, B)
-                torch.cuda.synchronize()
-                eager_us = time_events(lambda: build_trees(x, B), 20)
-                # graph
-                s = torch.cuda.Stream()
-                s.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(s):
-                    build_trees(x, B)
-                torch.cuda.current_stream().wait_stream(s)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    build_trees(x, B)
-                g.replay()
-                torch.cuda.synchronize()
-                graph_us = time_events(g.replay, 200)
-                del g
-                from sglang_ddtree import tree as _tree
-                r = dict(impl=_tree.LAST_IMPL, V=V_KIMI, L=L, budget=B, batch=bs, heap_us=heap_us, eager_us=eager_us,
-                         graph_us=graph_us, floor_us=floor_us,
-                         graph_over_floor=graph_us / floor_us, heap_over_graph=heap_us / graph_us)
-                rows.append(r)
-                log(f"  L={L:2d} B={B:3d} bs={bs:3d}  heap {heap_us:10.1f} us  eager {eager_us:8.1f} us  "
-                    f"graph {graph_us:8.1f} us  floor {floor_us:7.1f} us  "
-                    f"graph/floor {graph_us / floor_us:5.2f}  heap/graph {heap_us / graph_us:7.1f}  [{r['impl']}]")
+    for (L, B, bs) in shapes:
+        x = torch.randn(bs, L, V_KIMI, device=dev).to(torch.bfloat16)
+        floor_us = x.numel() * x.element_size() / bw * 1e6
+        # heap reference
+        heap_path(x, B)
+        torch.cuda.synchronize()
+        reps = 3 if bs >= 32 else 10
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            heap_path(x, B)
+        heap_us = (time.perf_counter() - t0) / reps * 1e6
+        # eager
+        for _ in range(3):
+            build_trees(x, B)
+        torch.cuda.synchronize()
+        eager_us = time_events(lambda: build_trees(x, B), 20)
+        # graph
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            build_trees(x, B)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            build_trees(x, B)
+        g.replay()
+        torch.cuda.synchronize()
+        graph_us = time_events(g.replay, 200)
+        del g
+        from sglang_ddtree import tree as _tree
+        r = dict(impl=_tree.LAST_IMPL, V=V_KIMI, L=L, budget=B, batch=bs, heap_us=heap_us, eager_us=eager_us,
+                 graph_us=graph_us, floor_us=floor_us,
+                 graph_over_floor=graph_us / floor_us, heap_over_graph=heap_us / graph_us)
+        rows.append(r)
+        log(f"  L={L:2d} B={B:3d} bs={bs:3d}  heap {heap_us:10.1f} us  eager {eager_us:8.1f} us  "
+            f"graph {graph_us:8.1f} us  floor {floor_us:7.1f} us  "
+            f"graph/floor {graph_us / floor_us:5.2f}  heap/graph {heap_us / graph_us:7.1f}  [{r['impl']}]")
     return rows
 
 
@@ -257,11 +258,15 @@ def graph_time(fn, reps=200):
     return time_events(g.replay, reps)
 
 
-def breakdown(dev, bw, quick=False):
+BREAKDOWN_SHAPES = [(1, 7, 32), (128, 7, 32)]
+
+
+def breakdown(dev, bw):
+    """The two launches of the unfused path timed apart (which part costs what)."""
     from sglang_ddtree import triton_kernels as tk
     from sglang_ddtree.tree import build_trees_from_top
 
-    shapes = [(1, 7, 32), (128, 7, 32)] if quick else [(1, 7, 32), (128, 7, 32), (1, 15, 64), (128, 15, 64)]
+    shapes = BREAKDOWN_SHAPES
     for (bs, L, B) in shapes:
         x = torch.randn(bs, L, V_KIMI, device=dev).to(torch.bfloat16)
         K = min(B, V_KIMI)
@@ -291,121 +296,176 @@ def _graph_median(fn, reps=100, rounds=3):
     return ts[len(ts) // 2]
 
 
-def autotune(dev, budget_s=150.0, tree=False):
-    """Time the candidate launch configurations on this device (each top-K
-    stage separately, then both together, in CUDA graphs) and set
-    ``triton_kernels.CONFIG`` to the fastest correct ones (reported; the
-    library's defaults are set to this run's choice).  Candidates past
-    ``budget_s`` are skipped."""
+def _compile_job(job):
+    """Worker of :func:`precompile`: one build_trees call of the given shape
+    and configuration (fills Triton's on-disk cache for the main process)."""
+    cfg, bs, L, B, V, dtype, root, mode = job
+    import torch as _t
+    from sglang_ddtree import build_trees as _bt
+    from sglang_ddtree import triton_kernels as _tk
+
+    _tk.CONFIG.update(cfg)
+    t0 = time.time()
+    x = _t.randn(bs, L, V, device="cuda").to(getattr(_t, dtype))
+    r = _t.arange(bs, device="cuda") if root else None
+    if mode == "parts":  # the breakdown's separate launches
+        lp, ids = _tk.topk_logsumexp(x, min(B, V))
+        _tk.build_trees_from_top_triton(lp, ids, B)
+    else:
+        _bt(x, B, r)
+    _t.cuda.synchronize()
+    return time.time() - t0
+
+
+def precompile(jobs, workers=12):
+    """Compile the kernels of ``jobs`` in parallel processes (Triton's cache is
+    on disk and shared), so the timed code only loads them."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
     from sglang_ddtree import triton_kernels as tk
-    from sglang_ddtree.tree import build_trees_from_top
+
+    seen, uniq = set(), []
+    for j in jobs:
+        # the batch size only matters through the regime (rows <= small_rows)
+        cfg, bs, L = j[0], j[1], j[2]
+        rows_small = bs * L <= cfg.get("small_rows", tk.CONFIG["small_rows"])
+        key = json.dumps([j[0], rows_small, *j[2:]], sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            uniq.append(j)
+    t0 = time.time()
+    n_err = 0
+    with cf.ProcessPoolExecutor(max_workers=max(1, min(workers, len(uniq))),
+                                mp_context=mp.get_context("spawn")) as ex:
+        futs = {ex.submit(_compile_job, j): j for j in uniq}
+        for f in cf.as_completed(futs):
+            try:
+                f.result()
+            except Exception as e:  # noqa: BLE001
+                n_err += 1
+                log(f"[precompile] ERROR {futs[f][1:]}: {type(e).__name__}: {str(e)[:200]}")
+    log(f"[precompile] {len(uniq)} shape/config jobs in {time.time() - t0:.0f}s ({n_err} errors)")
+    del tk
+
+
+def _v0(chunk=8192, mpack32=True, fuse=True, warps=None, sel=None, tree=False):
+    return {"impl": "v0", "chunk": chunk, "warps": warps, "sel_warps": sel, "mpack32": mpack32,
+            "fuse": fuse, "tree": tree}
+
+
+def _v2(chunk=8192, S=64, warps=8, sel=4, load2d=False, epack32=True, hier=4, fuse=False, tree=False, maxnreg=None,
+        ecap=0):
+    return {"impl": "v2", "chunk": chunk, "S": S, "warps": warps, "sel_warps": sel,
+            "load2d": load2d, "epack32": epack32, "hier": hier, "fuse": fuse, "tree": tree, "maxnreg": maxnreg,
+            "ecap": ecap}
+
+
+TUNE_SHAPES = {"small": (1, 7, 32), "large": (128, 7, 32)}
+TUNE_CANDIDATES = {
+    # the library's previous defaults first (run 5's small choice; run 3's
+    # large), then variants: one launch for everything (small), compacted
+    # element sort (ecap) and the tree built in the select kernel (large)
+    "small": [_v0(tree=True, warps=8), _v0(), _v0(16384, tree=True, warps=8), _v0(tree=True, warps=16)],
+    "large": [_v2(), _v2(ecap=64), _v2(ecap=64, tree=True), _v2(ecap=64, tree=True, sel=8), _v2(ecap=64, sel=8),
+              _v2(tree=True), _v2(ecap=64, tree=True, warps=4)],
+}
+# where the small (latency) configuration stops paying: rows of these shapes
+MID_SHAPES = [(2, 7, 32), (4, 7, 32), (8, 7, 32)]
+
+
+def tune_jobs():
+    return [({reg: c}, *TUNE_SHAPES[reg], V_KIMI, "bfloat16", False, "build")
+            for reg, cands in TUNE_CANDIDATES.items() for c in cands]
+
+
+def autotune(dev, budget_s=200.0):
+    """Time whole ``build_trees`` calls (CUDA graphs, bf16 logits, V = 163840)
+    for the candidate launch configurations of each regime and set
+    ``triton_kernels.CONFIG`` to the fastest correct one.  Correct = the
+    top-K values equal torch's (as sorted sets: bf16 ties) and the trees equal
+    the two-launch path's on the same top-K, before and after the timed
+    replays (the fused kernels' counters must come back to zero)."""
+    from sglang_ddtree import triton_kernels as tk
 
     t_start = time.time()
     out = {}
-
-    def v0(chunk=4096, mpack32=False, fuse=False, warps=None, sel=None):
-        return {"impl": "v0", "chunk": chunk, "warps": warps, "sel_warps": sel, "mpack32": mpack32, "fuse": fuse}
-
-    def v2(chunk=8192, S=64, warps=8, sel=8, load2d=False, epack32=False, hier=1):
-        return {"impl": "v2", "chunk": chunk, "S": S, "warps": warps, "sel_warps": sel,
-                "load2d": load2d, "epack32": epack32, "hier": hier}
-
-    cands = {
-        "large": [v2(), v2(epack32=True), v2(epack32=True, hier=4), v2(epack32=True, hier=8),
-                  v2(S=32, epack32=True, hier=8), v2(epack32=True, hier=4, load2d=True),
-                  v2(epack32=True, hier=4, warps=4), v2(chunk=16384, epack32=True, hier=4),
-                  v2(epack32=True, hier=4, sel=4)],
-        "small": [v0(), v0(mpack32=True), v0(mpack32=True, fuse=True), v0(8192, mpack32=True, fuse=True),
-                  v0(mpack32=True, fuse=True, warps=8), v0(8192, mpack32=True), v0(2048, mpack32=True, fuse=True)],
-    }
-    shapes = {"large": (128, 7, 32), "small": (1, 7, 32)}
     g = torch.Generator(device=dev).manual_seed(123)
-    x32 = torch.randn(2, 3, V_KIMI, device=dev, generator=g) * 2
-    for regime, (bs, L, B) in shapes.items():
+    for regime, (bs, L, B) in TUNE_SHAPES.items():
         x = torch.randn(bs, L, V_KIMI, device=dev, generator=g).to(torch.bfloat16)
-        ref_vals = x.float().topk(B, -1).values
-        rlp, _ = top_log_probs(x, B)
+        x2 = torch.randn(bs, L, V_KIMI, device=dev, generator=g).to(torch.bfloat16)
         best = None
 
-        def correct(cfg):
-            lp, ids = tk.topk_logsumexp(x, B, cfg=cfg)
-            ok = torch.equal(x.float().gather(-1, ids).sort(-1).values, ref_vals.sort(-1).values)
-            ok &= (lp - rlp).abs().max().item() < 1e-4
-            lp32, ids32 = tk.topk_logsumexp(x32, B, cfg=cfg)
-            ok &= torch.equal(ids32, top_log_probs(x32, B)[1])
+        def correct(cfg, xx):
+            tr, _ = tk.build_trees_triton(xx, B, cfg=cfg)
+            lp, ids = tk.topk_logsumexp(xx, B, cfg=dict(cfg, tree=False))
+            ok = torch.equal(xx.float().gather(-1, ids).sort(-1).values, xx.float().topk(B, -1).values.sort(-1).values)
+            ref = tk.build_trees_from_top_triton(lp, ids, B)
+            ok &= all(torch.equal(getattr(tr, f), getattr(ref, f))
+                      for f in ("tokens", "parents", "depths", "visibility", "valid"))
             return bool(ok)
 
-        stop = budget_s * (0.55 if regime == "large" else 1.0)
-        for cfg in cands[regime]:
-            if time.time() - t_start > stop:
+        for cfg in TUNE_CANDIDATES[regime]:
+            if time.time() - t_start > budget_s:
                 log(f"[tune] {regime} {cfg}: skipped (tuning budget)")
                 continue
             try:
-                ok = correct(cfg)
-                bufs = {}
-                tk.topk_logsumexp(x, B, cfg=cfg, _bufs=bufs)
-                t1 = _graph_median(lambda: tk.topk_logsumexp(x, B, cfg=cfg, _stages=1, _bufs=bufs))
-                t2 = (_graph_median(lambda: tk.topk_logsumexp(x, B, cfg=cfg, _stages=2, _bufs=bufs))
-                      if not cfg.get("fuse") else 0.0)
-                t = _graph_median(lambda: tk.topk_logsumexp(x, B, cfg=cfg))
-                ok &= correct(cfg)  # again after the timed replays (fused-merge counters)
+                ok = correct(cfg, x)
+                ts = []
+                for _ in range(2):
+                    ts.append(_graph_median(lambda: tk.build_trees_triton(x, B, cfg=cfg)))
+                t = min(ts)
+                ok &= correct(cfg, x2) and correct(cfg, x)
             except Exception as e:  # noqa: BLE001
                 log(f"[tune] {regime} {cfg}: ERROR {type(e).__name__}: {str(e)[:300]}")
                 continue
-            log(f"[tune] {regime} bs={bs} L={L} B={B} {cfg}: stage1 {t1:.1f} us, stage2 {t2:.1f} us, "
-                f"both {t:.1f} us{'' if ok else '  WRONG'}")
+            log(f"[tune] {regime} bs={bs} L={L} B={B} {cfg}: build {t:.2f} us (2 medians: "
+                f"{ts[0]:.2f}, {ts[1]:.2f}){'' if ok else '  WRONG'}")
             if ok and (best is None or t < best[0]):
                 best = (t, cfg)
         if best is not None:
             tk.CONFIG[regime] = dict(best[1])
             out[regime] = {"cfg": best[1], "us": best[0]}
-            log(f"[tune] {regime}: chosen {best[1]} ({best[0]:.1f} us)")
-    if not tree:
-        log(f"[tune] CONFIG = {tk.CONFIG}")
-        return out
-    # tree kernel: register gathers or memory round trips, warps
-    trees = {}
-    for B in (32, 64):
-        x = torch.randn(1, 7, V_KIMI, device=dev, generator=g).to(torch.bfloat16)
-        lp, ids = tk.topk_logsumexp(x, B)
-        ref = build_trees_from_top(lp, ids, B)
-        for gat in (False, True):
-            for nw in (4, 8):
-                try:
-                    tr = tk.build_trees_from_top_triton(lp, ids, B, num_warps=nw, gather=gat)
-                    ok = all(torch.equal(getattr(tr, f), getattr(ref, f))
-                             for f in ("tokens", "parents", "depths", "visibility", "valid"))
-                    t = _graph_median(lambda: tk.build_trees_from_top_triton(lp, ids, B, num_warps=nw, gather=gat))
-                except Exception as e:  # noqa: BLE001
-                    log(f"[tune] tree B={B} gather={gat} warps={nw}: ERROR {type(e).__name__}: {str(e)[:300]}")
-                    continue
-                log(f"[tune] tree L=7 B={B} gather={gat} warps={nw}: {t:.1f} us{'' if ok else '  WRONG'}")
-                if ok:
-                    trees.setdefault((gat, nw), {})[B] = t
-    scored = [(v[32] + 0.25 * v[64], k) for k, v in trees.items() if 32 in v and 64 in v]
-    if scored:
-        _, (gat, nw) = min(scored)
-        tk.CONFIG["tree_gather"] = gat
-        tk.CONFIG["tree_warps"] = nw
-        out["tree"] = {"gather": gat, "warps": nw}
-        log(f"[tune] tree: chosen gather={gat} warps={nw}")
+            log(f"[tune] {regime}: chosen {best[1]} ({best[0]:.2f} us)")
+    # the row count up to which the small configuration is used
+    small_rows = 7
+    for (bs, L, B) in MID_SHAPES:
+        x = torch.randn(bs, L, V_KIMI, device=dev, generator=g).to(torch.bfloat16)
+        t = {reg: min(_graph_median(lambda: tk.build_trees_triton(x, B, cfg=tk.CONFIG[reg])) for _ in range(2))
+             for reg in ("small", "large")}
+        log(f"[tune] bs={bs} L={L} B={B} ({bs * L} rows): small config {t['small']:.2f} us, "
+            f"large config {t['large']:.2f} us")
+        if t["small"] > t["large"]:
+            break
+        small_rows = bs * L
+    tk.CONFIG["small_rows"] = small_rows
+    out["small_rows"] = small_rows
     log(f"[tune] CONFIG = {tk.CONFIG}")
     return out
+
+
+def table_shapes(quick=False):
+    if quick:
+        return [(7, 32, bs) for bs in (1, 8, 32, 128)]
+    return [(L, B, bs) for L in (7, 15) for B in (8, 16, 32, 64) for bs in (1, 8, 32, 128)]
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--cases", type=int, default=64)
-    ap.add_argument("--exact-cap", type=float, default=150.0)
+    ap.add_argument("--quick", action="store_true", help="table: L 7, budget 32 only")
+    ap.add_argument("--cases", type=int, default=240, help="exactness shapes (each a batch of 1-64 trees)")
+    ap.add_argument("--exact-cap", type=float, default=150.0, help="seconds of exactness checks at most")
     ap.add_argument("--tune", action="store_true", help="time candidate launch configs first and use the fastest")
-    ap.add_argument("--tune-budget", type=float, default=150.0, help="seconds of top-K candidates")
-    ap.add_argument("--tune-tree", action="store_true", help="also tune the tree kernel (gather, warps)")
+    ap.add_argument("--tune-budget", type=float, default=200.0, help="seconds of candidates at most")
+    ap.add_argument("--workers", type=int, default=12, help="parallel kernel-compile processes")
     ap.add_argument("--no-breakdown", action="store_true")
+    ap.add_argument("--deadline", type=float, default=540.0,
+                    help="seconds after start by which the exactness checks stop (device call limit)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     import triton
+    from sglang_ddtree import triton_kernels as tk
 
     log(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}, "
         f"SMs {torch.cuda.get_device_properties(0).multi_processor_count}")
@@ -413,10 +473,20 @@ def main():
     t0 = time.time()
     if args.tune:
         try:
-            res["tune"] = autotune(dev, args.tune_budget, args.tune_tree)
+            precompile(tune_jobs(), args.workers)
+            res["tune"] = autotune(dev, args.tune_budget)
         except Exception:
             traceback.print_exc()
         log(f"  (tuning done at {time.time() - t0:.0f}s)")
+    cfg = json.loads(json.dumps(tk.CONFIG))
+    cases = exactness_cases(args.cases)
+    jobs = [(cfg, bs, L, B, V_KIMI, "bfloat16", False, "build") for (L, B, bs) in table_shapes(args.quick)]
+    jobs += [(cfg, bs, L, B, V_KIMI, "bfloat16", True, "build") for (bs, L, B) in GRAPH_SHAPES]
+    jobs += [(cfg, bs, L, B, V, "float32", False, "build") for (L, B, V, bs, _, _) in cases]
+    if not args.no_breakdown:
+        jobs += [(cfg, bs, L, B, V_KIMI, "bfloat16", False, "parts") for (bs, L, B) in BREAKDOWN_SHAPES]
+    precompile(jobs, args.workers)
+    log(f"  (compiles done at {time.time() - t0:.0f}s)")
     try:
         res["graph"] = graph_check(dev)
     except Exception:
@@ -428,17 +498,18 @@ def main():
     res["copy_bw_Bps"] = bw
     try:
         log("[table] V=163840, bf16 logits; times per call (all requests of the batch)")
-        res["table"] = bench_table(dev, bw, args.quick)
+        res["table"] = bench_table(dev, bw, table_shapes(args.quick))
     except Exception:
         traceback.print_exc()
     log(f"  (table done at {time.time() - t0:.0f}s)")
     try:
         if not args.no_breakdown:
-            breakdown(dev, bw, args.quick)
+            breakdown(dev, bw)
     except Exception:
         traceback.print_exc()
     try:
-        res["exactness"] = exactness(dev, args.cases, time_cap=args.exact_cap)
+        cap = min(args.exact_cap, args.deadline - (time.time() - t0))
+        res["exactness"] = exactness(dev, cases, time_cap=cap)
     except Exception:
         traceback.print_exc()
         res["exactness"] = "error"

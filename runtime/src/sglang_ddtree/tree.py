@@ -126,26 +126,31 @@ def build_trees(
     global LAST_IMPL
     use_triton = impl == "triton" or (impl == "auto" and _use_triton(draft_logits))
     top = None
-    if use_triton and not (impl == "auto" and _BROKEN["topk"]):
+    if use_triton and not (impl == "auto" and (_BROKEN["topk"] or _BROKEN["tree"])):
+        from . import triton_kernels as tk
+
+        try:
+            trees, top = tk.build_trees_triton(draft_logits, budget, root_tokens)
+            if trees is not None:
+                cfg = tk.regime_config(bs * L)
+                LAST_IMPL = "triton-fused" if tk.fused_tree(cfg, budget) else "triton-topk+triton-tree"
+                return trees
+            LAST_IMPL = "triton-topk+torch-tree"
+        except Exception as e:  # pragma: no cover - GPU only
+            if impl == "triton":
+                raise
+            _mark_broken("tree", e)
+            top = None
+    if top is None and use_triton and not (impl == "auto" and _BROKEN["topk"]):
         from . import triton_kernels as tk
 
         try:
             top = tk.topk_logsumexp(draft_logits, K)
+            LAST_IMPL = "triton-topk+torch-tree"
         except Exception as e:  # pragma: no cover - GPU only
             if impl == "triton":
                 raise
             _mark_broken("topk", e)
-        if top is not None and tk.tree_kernel_supported(L, budget, K) and not (impl == "auto" and _BROKEN["tree"]):
-            try:
-                out = tk.build_trees_from_top_triton(top[0], top[1], budget, root_tokens)
-                LAST_IMPL = "triton-topk+triton-tree"
-                return out
-            except Exception as e:  # pragma: no cover - GPU only
-                if impl == "triton":
-                    raise
-                _mark_broken("tree", e)
-        if top is not None:
-            LAST_IMPL = "triton-topk+torch-tree"
     if top is None:
         top = top_log_probs(draft_logits, K)
         LAST_IMPL = "torch"

@@ -34,7 +34,6 @@ No host synchronisation, static shapes: safe inside CUDA-graph capture.
 
 from __future__ import annotations
 
-import functools
 
 import torch
 import triton
@@ -79,9 +78,13 @@ def _topk_chunk_kernel(
     x_ptr, stride_row, V, NCHUNK,
     val_ptr, idx_ptr, m_ptr, s_ptr,
     cnt_ptr, lp_ptr, id_ptr, K,
+    rcnt_ptr, root_ptr, sc_ptr, ps_ptr, rk_ptr, pos_ptr, tok_ptr, par_ptr, dep_ptr, tval_ptr, vis_ptr,
     CHUNK: tl.constexpr, G: tl.constexpr, S: tl.constexpr, KP: tl.constexpr,
     PACK64: tl.constexpr, BITS: tl.constexpr,
     FUSE: tl.constexpr, NCP: tl.constexpr, MPACK32: tl.constexpr, MBITS: tl.constexpr,
+    TREE: tl.constexpr, HAS_ROOT: tl.constexpr, TL: tl.constexpr, TK: tl.constexpr, TB: tl.constexpr,
+    LP: tl.constexpr, BP: tl.constexpr, TKP: tl.constexpr, NP: tl.constexpr, CP: tl.constexpr,
+    EPS: tl.constexpr, GATHER: tl.constexpr,
 ):
     row = tl.program_id(0)
     c = tl.program_id(1)
@@ -128,6 +131,29 @@ def _topk_chunk_kernel(
             _merge_row(val_ptr, idx_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, row, NCHUNK, K,
                        NCP, KP, MPACK32, MBITS, True)
             tl.atomic_xchg(cnt_ptr + row, 0, sem="relaxed")
+            if TREE:
+                # ... and the last row of the request to be merged builds its tree
+                _tree_after_rows(row // TL, rcnt_ptr, lp_ptr, id_ptr, root_ptr, sc_ptr, ps_ptr, rk_ptr,
+                                 pos_ptr, tok_ptr, par_ptr, dep_ptr, tval_ptr, vis_ptr,
+                                 HAS_ROOT, TL, TK, TB, LP, BP, TKP, NP, CP, EPS, GATHER)
+
+
+@triton.jit
+def _tree_after_rows(req, rcnt_ptr, lp_ptr, id_ptr, root_ptr, sc_ptr, ps_ptr, rk_ptr,
+                     pos_ptr, tok_ptr, par_ptr, dep_ptr, tval_ptr, vis_ptr,
+                     HAS_ROOT: tl.constexpr, TL: tl.constexpr, TK: tl.constexpr, TB: tl.constexpr,
+                     LP: tl.constexpr, BP: tl.constexpr, TKP: tl.constexpr, NP: tl.constexpr,
+                     CP: tl.constexpr, EPS: tl.constexpr, GATHER: tl.constexpr):
+    # called by the program that finished one row of request ``req``: the
+    # last of the request's TL rows builds the tree (per-request counter,
+    # reset to zero by that program)
+    tl.debug_barrier()
+    rdone = tl.atomic_add(rcnt_ptr + req, 1, sem="acq_rel")
+    if rdone == TL - 1:
+        _tree_body(req, lp_ptr, id_ptr, root_ptr, sc_ptr, ps_ptr, rk_ptr, pos_ptr,
+                   tok_ptr, par_ptr, dep_ptr, tval_ptr, vis_ptr,
+                   HAS_ROOT, TL, TK, TB, LP, BP, TKP, NP, CP, EPS, GATHER)
+        tl.atomic_xchg(rcnt_ptr + req, 0, sem="relaxed")
 
 
 @triton.jit
@@ -180,15 +206,30 @@ def _topk_merge_kernel(
 def _groupmax_kernel(
     x_ptr, stride_row, V, NCHUNK, NGP,
     gm_ptr, m_ptr, s_ptr,
+    cnt_ptr, NG, lp_ptr, id_ptr, K, scr_ptr,
+    rcnt_ptr, root_ptr, sc_ptr, ps_ptr, rk_ptr, pos_ptr, tok_ptr, par_ptr, dep_ptr, tval_ptr, vis_ptr,
     CHUNK: tl.constexpr, S: tl.constexpr, EVEN: tl.constexpr, LOAD2D: tl.constexpr,
+    FUSE: tl.constexpr, NCP: tl.constexpr, NGPC: tl.constexpr, KP: tl.constexpr,
+    GPACK64: tl.constexpr, GBITS: tl.constexpr, EPACK32: tl.constexpr, EBITS: tl.constexpr, R: tl.constexpr,
+    ECAP: tl.constexpr, TREE: tl.constexpr, HAS_ROOT: tl.constexpr, TL: tl.constexpr, TK: tl.constexpr, TB: tl.constexpr,
+    LP: tl.constexpr, BP: tl.constexpr, TKP: tl.constexpr, NP: tl.constexpr, CP: tl.constexpr,
+    EPS: tl.constexpr, GATHER: tl.constexpr,
 ):
     # v2 stage 1 (streaming, no sorting): each program reads CHUNK logits once
     # and writes the maxima of its CHUNK // S contiguous groups of S, its max
     # and its sum(exp(x - max)).  -inf is clamped on the group maxima only
     # (one operation per group, not per element); groups wholly past V get
     # -3.3e38, below any real group.
-    row = tl.program_id(0)
-    c = tl.program_id(1)
+    # With FUSE the grid is (chunks, rows), chunks fastest, so rows finish
+    # early and their selects overlap the streaming of later rows: the last
+    # chunk program of a row to finish selects the row (and, with TREE, the
+    # last row of a request builds its tree): one launch for everything.
+    if FUSE:
+        c = tl.program_id(0)
+        row = tl.program_id(1)
+    else:
+        row = tl.program_id(0)
+        c = tl.program_id(1)
     base = x_ptr + row.to(tl.int64) * stride_row
     gi = tl.arange(0, CHUNK // S)
     if LOAD2D:
@@ -217,25 +258,58 @@ def _groupmax_kernel(
     tl.store(m_ptr + out, m)
     tl.store(s_ptr + out, s)
     tl.store(gm_ptr + row.to(tl.int64) * NGP + c * (CHUNK // S) + gi, g)
+    if FUSE:
+        tl.debug_barrier()
+        done = tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel")
+        if done == NCHUNK - 1:
+            _group_select_row(row, x_ptr, stride_row, V, NCHUNK, NG, gm_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, K, scr_ptr,
+                              NCP, NGPC, S, KP, GPACK64, GBITS, EPACK32, EBITS, R, ECAP)
+            tl.atomic_xchg(cnt_ptr + row, 0, sem="relaxed")
+            if TREE:
+                _tree_after_rows(row // TL, rcnt_ptr, lp_ptr, id_ptr, root_ptr, sc_ptr, ps_ptr, rk_ptr,
+                                 pos_ptr, tok_ptr, par_ptr, dep_ptr, tval_ptr, vis_ptr,
+                                 HAS_ROOT, TL, TK, TB, LP, BP, TKP, NP, CP, EPS, GATHER)
 
 
 @triton.jit
 def _group_select_kernel(
     x_ptr, stride_row, V, NCHUNK, NG,
-    gm_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, K,
+    gm_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, K, scr_ptr,
+    rcnt_ptr, root_ptr, sc_ptr, ps_ptr, rk_ptr, pos_ptr, tok_ptr, par_ptr, dep_ptr, tval_ptr, vis_ptr,
     NCP: tl.constexpr, NGP: tl.constexpr, S: tl.constexpr, KP: tl.constexpr,
     GPACK64: tl.constexpr, GBITS: tl.constexpr, EPACK32: tl.constexpr, EBITS: tl.constexpr,
-    R: tl.constexpr,
+    R: tl.constexpr, ECAP: tl.constexpr,
+    TREE: tl.constexpr, HAS_ROOT: tl.constexpr, TL: tl.constexpr, TK: tl.constexpr, TB: tl.constexpr,
+    LP: tl.constexpr, BP: tl.constexpr, TKP: tl.constexpr, NP: tl.constexpr, CP: tl.constexpr,
+    EPS: tl.constexpr, GATHER: tl.constexpr,
 ):
-    # v2 stage 2, one program per row: logsumexp from the chunks' (max, sum);
-    # the row's top-K elements lie in its top-K groups by group maximum, so
-    # top-KP of the NG group maxima, then top-KP of those groups' KP * S
-    # logits (re-read: KP * S elements, not the row).
     row = tl.program_id(0)
+    _group_select_row(row, x_ptr, stride_row, V, NCHUNK, NG, gm_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, K, scr_ptr,
+                      NCP, NGP, S, KP, GPACK64, GBITS, EPACK32, EBITS, R, ECAP)
+    if TREE:
+        # the last row of a request to be selected builds the request's tree
+        _tree_after_rows(row // TL, rcnt_ptr, lp_ptr, id_ptr, root_ptr, sc_ptr, ps_ptr, rk_ptr,
+                         pos_ptr, tok_ptr, par_ptr, dep_ptr, tval_ptr, vis_ptr,
+                         HAS_ROOT, TL, TK, TB, LP, BP, TKP, NP, CP, EPS, GATHER)
+
+
+@triton.jit
+def _group_select_row(
+    row, x_ptr, stride_row, V, NCHUNK, NG,
+    gm_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, K, scr_ptr,
+    NCP: tl.constexpr, NGP: tl.constexpr, S: tl.constexpr, KP: tl.constexpr,
+    GPACK64: tl.constexpr, GBITS: tl.constexpr, EPACK32: tl.constexpr, EBITS: tl.constexpr,
+    R: tl.constexpr, ECAP: tl.constexpr,
+):
+    # v2 stage 2, one row: logsumexp from the chunks' (max, sum); the row's
+    # top-K elements lie in its top-K groups by group maximum, so top-KP of the
+    # NG group maxima, then top-KP of those groups' KP * S logits (re-read:
+    # KP * S elements, not the row).  Stage 1's outputs are read with .cg (L2):
+    # in the fused kernel other programs wrote them moments ago.
     c = tl.arange(0, NCP)
     cm = c < NCHUNK
-    m = tl.load(m_ptr + row * NCHUNK + c, mask=cm, other=float("-inf"))
-    s = tl.load(s_ptr + row * NCHUNK + c, mask=cm, other=0.0)
+    m = tl.load(m_ptr + row * NCHUNK + c, mask=cm, other=float("-inf"), cache_modifier=".cg")
+    s = tl.load(s_ptr + row * NCHUNK + c, mask=cm, other=0.0, cache_modifier=".cg")
     M = tl.max(m, 0)
     M_safe = tl.where(M == float("-inf"), 0.0, M)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
@@ -251,26 +325,26 @@ def _group_select_kernel(
         sg = tl.arange(0, NGP // R)
         r = tl.arange(0, R)
         p2 = sg[:, None] * R + r[None, :]
-        sgv = tl.max(tl.load(gbase + p2, mask=p2 < NG, other=-3.4e38), 1)
+        sgv = tl.max(tl.load(gbase + p2, mask=p2 < NG, other=-3.4e38, cache_modifier=".cg"), 1)
         if GPACK64:
             _, sgid = _unpack64(tl.topk(_pack64(sgv, sg, GBITS), KP), GBITS)
         else:
             _, sgid = _unpack32(tl.topk(_pack32(sgv, sg, GBITS), KP), GBITS)
         q2 = sgid[:, None] * R + r[None, :]
-        gv2 = tl.load(gbase + q2, mask=q2 < NG, other=-3.4e38)
+        gv2 = tl.load(gbase + q2, mask=q2 < NG, other=-3.4e38, cache_modifier=".cg")
         l2 = k[:, None] * R + r[None, :]
         if GPACK64:
-            _, qq = _unpack64(tl.topk(tl.reshape(_pack64(gv2, l2, GBITS), [KP * R]), KP), GBITS)
+            gval, qq = _unpack64(tl.topk(tl.reshape(_pack64(gv2, l2, GBITS), [KP * R]), KP), GBITS)
         else:
-            _, qq = _unpack32(tl.topk(tl.reshape(_pack32(gv2, l2, GBITS), [KP * R]), KP), GBITS)
+            gval, qq = _unpack32(tl.topk(tl.reshape(_pack32(gv2, l2, GBITS), [KP * R]), KP), GBITS)
         gid = tl.sum(tl.where((qq // R)[:, None] == k[None, :], sgid[None, :], 0), 1) * R + qq % R
     else:
         p = tl.arange(0, NGP)
-        gv = tl.load(gbase + p, mask=p < NG, other=-3.4e38)
+        gv = tl.load(gbase + p, mask=p < NG, other=-3.4e38, cache_modifier=".cg")
         if GPACK64:
-            _, gid = _unpack64(tl.topk(_pack64(gv, p, GBITS), KP), GBITS)
+            gval, gid = _unpack64(tl.topk(_pack64(gv, p, GBITS), KP), GBITS)
         else:
-            _, gid = _unpack32(tl.topk(_pack32(gv, p, GBITS), KP), GBITS)
+            gval, gid = _unpack32(tl.topk(_pack32(gv, p, GBITS), KP), GBITS)
     base = x_ptr + row.to(tl.int64) * stride_row
     if EPACK32:
         # 16-bit inputs: the value is exact in fp32's high bits, the position
@@ -282,7 +356,27 @@ def _group_select_kernel(
         y = tl.load(base + coffs, mask=cmask, other=float("-inf")).to(tl.float32)
         yk = tl.where(cmask, tl.maximum(y, -3.0e38), -3.3e38)
         lpos = k[:, None] * S + tl.arange(0, S)[None, :]
-        val, q = _unpack32(tl.topk(tl.reshape(_pack32(yk, lpos, EBITS), [KP * S]), KP), EBITS)
+        keys = tl.reshape(_pack32(yk, lpos, EBITS), [KP * S])
+        if ECAP > 0:
+            # The KP selected group maxima are KP logits >= thr, so the row's
+            # top-K are >= thr: only those candidates (typically ~K of the
+            # KP * S) go through the sort, compacted into ECAP slots of a
+            # per-row scratch; more than ECAP (ties) -> the full sort.
+            thr = tl.min(gval.to(tl.float32), 0)
+            flag = tl.reshape(yk >= thr, [KP * S])
+            ncand = tl.sum(flag.to(tl.int32), 0)
+            if ncand <= ECAP:
+                dst = tl.cumsum(flag.to(tl.int32), 0) - 1
+                sp = scr_ptr + row.to(tl.int64) * ECAP
+                tl.store(sp + dst, keys, mask=flag)
+                tl.debug_barrier()
+                e = tl.arange(0, ECAP)
+                t = tl.topk(tl.load(sp + e, mask=e < ncand, other=-3.4e38), KP)
+            else:
+                t = tl.topk(keys, KP)
+        else:
+            t = tl.topk(keys, KP)
+        val, q = _unpack32(t, EBITS)
         slot = q // S
         gsel = tl.sum(tl.where(slot[:, None] == k[None, :], gid[None, :], 0), 1)
         idx = gsel * S + (q % S)
@@ -307,8 +401,17 @@ def _group_select_kernel(
 #   hier     v2 stage 2: R > 1 selects the groups in two levels (super-groups of
 #            R groups first: sorts NGP / R + KP * R keys instead of NGP)
 #   mpack32  v0 merge: fp32 (value | position) keys for 16-bit inputs
-#   fuse     v0: the last chunk program of a row merges it (no merge launch;
-#            a persistent per-device counter buffer, left at zero)
+#   fuse     v0: the last chunk program of a row merges it; v2: the last chunk
+#            program of a row selects it (grid chunks-first so selects overlap
+#            the streaming).  No second launch; per-row counters in a
+#            persistent per-device buffer, left at zero.
+#   tree     the last row of a request to finish also builds the request's
+#            tree (per-request counters), in the fused first kernel (v0, v2
+#            with fuse: build_trees is one launch) or in v2's select kernel
+#            (two launches); budgets up to tree_max_b (default 32).
+#   ecap     v2 select: sort only the logits >= the K-th selected group
+#            maximum, compacted into ecap slots (full sort if more)
+#   maxnreg  register cap for the (fused) first kernel
 # bench/bench_build.py --tune times the candidates on the device and uses the
 # fastest correct ones; the defaults below are its choice on the H200
 # (bench/results-h200.txt).
@@ -325,14 +428,20 @@ CONFIG = {
 }
 
 _COUNTERS = {}
+_OLD_COUNTERS = []
 
 
 def _counters(dev, n):
-    """Persistent zeroed int32 counters (the fused merge leaves them at zero)."""
+    """Persistent zeroed int32 counters (the fused kernels leave them at zero).
+
+    A buffer that is outgrown stays alive: CUDA graphs captured with it keep
+    using it."""
     key = (dev.type, dev.index)
     buf = _COUNTERS.get(key)
     if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=dev)
+        if buf is not None:
+            _OLD_COUNTERS.append(buf)
+        buf = torch.zeros(max(n, 8192), dtype=torch.int32, device=dev)
         _COUNTERS[key] = buf
     return buf
 
@@ -354,18 +463,73 @@ def _buf(bufs, name, shape, dtype, dev):
     return t
 
 
-def topk_logsumexp(x: torch.Tensor, K: int, cfg=None, _stages=3, _bufs=None):
+def _maxnreg(cfg):
+    # a register cap keeps the streaming part's occupancy when the fused
+    # select / tree code would otherwise raise the kernel's register count
+    return {"maxnreg": int(cfg["maxnreg"])} if cfg.get("maxnreg") else {}
+
+
+def regime_config(rows: int):
+    return CONFIG["small"] if rows <= CONFIG["small_rows"] else CONFIG["large"]
+
+
+class _TreeLaunch:
+    """Outputs, scratch and compile-time constants of one batch's tree kernel."""
+
+    def __init__(self, bs, L, K, budget, root_tokens, dev, gather=None):
+        B = int(budget)
+        N = B + 1
+        self.B, self.N = B, N
+        self.BP = max(2, _next_pow2(B))
+        self.KP = max(2, _next_pow2(K))
+        self.LP = max(2, _next_pow2(L))
+        self.NP = _next_pow2(N)
+        self.CP = max(self.BP, _next_pow2(_num_candidates(B, K)))
+        W = self.LP * self.BP
+        self.sc = torch.empty((bs, W), dtype=torch.float64, device=dev)
+        self.ps = torch.empty((bs, W), dtype=torch.int32, device=dev)
+        self.rk = torch.empty((bs, W), dtype=torch.int32, device=dev)
+        self.pos = torch.empty((bs, W), dtype=torch.int32, device=dev)
+        self.tokens = torch.empty((bs, N), dtype=torch.int64, device=dev)
+        self.parents = torch.empty((bs, N), dtype=torch.int64, device=dev)
+        self.depths = torch.empty((bs, N), dtype=torch.int64, device=dev)
+        self.valid = torch.empty((bs, N), dtype=torch.int8, device=dev)
+        self.vis = torch.empty((bs, N, N), dtype=torch.int8, device=dev)
+        self.has_root = root_tokens is not None
+        self.root = (root_tokens.to(device=dev, dtype=torch.int64).contiguous() if self.has_root
+                     else self.tokens)
+        self.gather = bool(CONFIG["tree_gather"] if gather is None else gather)
+        self.L, self.K = L, K
+
+    def ptrs(self):
+        return (self.root, self.sc, self.ps, self.rk, self.pos, self.tokens, self.parents,
+                self.depths, self.valid, self.vis)
+
+    def consts(self):
+        return dict(HAS_ROOT=self.has_root, TL=self.L, TK=self.K, TB=self.B, LP=self.LP, BP=self.BP,
+                    TKP=self.KP, NP=self.NP, CP=self.CP, EPS=DEPTH_EPS, GATHER=self.gather)
+
+    def trees(self) -> DDTrees:
+        return DDTrees(self.tokens, self.parents, self.depths, self.vis.view(torch.bool), self.valid.view(torch.bool))
+
+
+_NO_TREE_CONSTS = dict(HAS_ROOT=False, TL=1, TK=1, TB=1, LP=2, BP=2, TKP=2, NP=2, CP=2, EPS=DEPTH_EPS, GATHER=True)
+
+
+def topk_logsumexp(x: torch.Tensor, K: int, cfg=None, _stages=3, _bufs=None, _tree=None):
     """``(top_lp[bs, L, K] float32, top_id[bs, L, K] int64)`` in one pass over ``x``.
 
-    ``_stages`` / ``_bufs`` are for the benchmark only (launch only stage 1
-    (bit 1) or stage 2 (bit 2), on buffers kept in the dict ``_bufs``)."""
+    ``_tree`` (a :class:`_TreeLaunch`, with ``fuse``): the same launch also
+    builds the trees.  ``_stages`` / ``_bufs`` are for the benchmark only
+    (launch only stage 1 (bit 1) or stage 2 (bit 2), on buffers kept in the
+    dict ``_bufs``)."""
     bs, L, V = x.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
     x2 = x.reshape(bs * L, V)
     rows = bs * L
     if cfg is None:
-        cfg = CONFIG["small"] if rows <= CONFIG["small_rows"] else CONFIG["large"]
+        cfg = regime_config(rows)
     KP = max(2, _next_pow2(K))
     if x.dtype == torch.bfloat16:
         pack64, bits = False, 16
@@ -378,6 +542,17 @@ def topk_logsumexp(x: torch.Tensor, K: int, cfg=None, _stages=3, _bufs=None):
     dev = x.device
     top_lp = _buf(_bufs, "lp", (bs, L, K), torch.float32, dev)
     top_id = _buf(_bufs, "id", (bs, L, K), torch.int64, dev)
+    fuse = bool(cfg.get("fuse"))
+    if _tree is not None:
+        assert _stages == 3
+        tree_ptrs, tree_consts = _tree.ptrs(), dict(_tree.consts(), TREE=True)
+    else:
+        tree_ptrs, tree_consts = (top_lp,) * 10, dict(_NO_TREE_CONSTS, TREE=False)
+    # request counters start 16-byte aligned (the kernel is specialised on
+    # pointer alignment: one compiled kernel for every batch size)
+    roff = (rows + 3) // 4 * 4
+    cnt = _counters(dev, roff + bs) if (fuse or _tree is not None) else None
+    rcnt = cnt[roff:] if cnt is not None else top_lp
     S = max(1, min(int(cfg.get("S") or 64), _next_pow2(V)))
     if cfg.get("impl", "v0") == "v2" and KP * S <= 4096:  # v0 for large K
         CHUNK = max(S, min(int(cfg.get("chunk", 4096)), _next_pow2(V)))
@@ -395,19 +570,31 @@ def topk_logsumexp(x: torch.Tensor, K: int, cfg=None, _stages=3, _bufs=None):
         ms = _buf(_bufs, "m", (rows, NCHUNK), torch.float32, dev)
         ss = _buf(_bufs, "s", (rows, NCHUNK), torch.float32, dev)
         nw1 = max(1, min(int(cfg.get("warps") or 4), CHUNK // 256))
+        ecap = int(cfg.get("ecap") or 0)
+        ecap = max(ecap, _next_pow2(KP)) if (ecap and epack32 and ecap < KP * S) else 0
+        scr = _buf(_bufs, "scr", (rows, max(ecap, 1)), torch.float32, dev)
+        sel = dict(NCP=NCP, KP=KP, GPACK64=gpack64, GBITS=gbits, EPACK32=epack32, EBITS=bits, R=R, ECAP=ecap)
         if _stages & 1:
-            _groupmax_kernel[(rows, NCHUNK)](
+            _groupmax_kernel[(NCHUNK, rows) if fuse else (rows, NCHUNK)](
                 x2, x2.stride(0), V, NCHUNK, NGP, gms, ms, ss,
-                CHUNK=CHUNK, S=S, EVEN=(V % CHUNK == 0), LOAD2D=bool(cfg.get("load2d")), num_warps=nw1,
+                cnt if fuse else ms, NG, top_lp, top_id, K, scr, rcnt, *tree_ptrs,
+                CHUNK=CHUNK, S=S, EVEN=(V % CHUNK == 0), LOAD2D=bool(cfg.get("load2d")),
+                FUSE=fuse, NGPC=NGP, **sel, **(tree_consts if fuse else dict(_NO_TREE_CONSTS, TREE=False)),
+                num_warps=nw1, **_maxnreg(cfg),
             )
+        if fuse:
+            return top_lp, top_id
         n2 = max(NGP, KP * S)
         nw2 = cfg.get("sel_warps") or (4 if n2 <= 1024 else 8)
         if _stages & 2:
             _group_select_kernel[(rows,)](
-                x2, x2.stride(0), V, NCHUNK, NG, gms, ms, ss, top_lp, top_id, K,
-                NCP=NCP, NGP=NGP, S=S, KP=KP, GPACK64=gpack64, GBITS=gbits,
-                EPACK32=epack32, EBITS=bits, R=R, num_warps=nw2,
+                x2, x2.stride(0), V, NCHUNK, NG, gms, ms, ss, top_lp, top_id, K, scr, rcnt, *tree_ptrs,
+                NGP=NGP, S=S, **sel, **tree_consts, num_warps=nw2,
             )
+        return top_lp, top_id
+    if _tree is not None and not fuse:  # v2 asked for, but K too large for it
+        top_lp, top_id = topk_logsumexp(x, K, cfg=dict(cfg, tree=False), _bufs=_bufs)
+        _launch_tree(top_lp, top_id, _tree)
         return top_lp, top_id
     CHUNK, G, S = _chunk_params(V, KP, int(cfg.get("chunk", 4096)))
     NCHUNK = triton.cdiv(V, CHUNK)
@@ -420,15 +607,13 @@ def topk_logsumexp(x: torch.Tensor, K: int, cfg=None, _stages=3, _bufs=None):
     idxs = _buf(_bufs, "idxs", (rows, NCHUNK, KP), torch.int32, dev)
     ms = _buf(_bufs, "m", (rows, NCHUNK), torch.float32, dev)
     ss = _buf(_bufs, "s", (rows, NCHUNK), torch.float32, dev)
-    fuse = bool(cfg.get("fuse"))
-    cnt = _counters(dev, rows) if fuse else ms
     nw1 = cfg.get("warps") or (4 if KP * S <= 1024 else 8)
     if _stages & 1:
         _topk_chunk_kernel[(rows, NCHUNK)](
             x2, x2.stride(0), V, NCHUNK, vals, idxs, ms, ss,
-            cnt, top_lp, top_id, K,
+            cnt if fuse else ms, top_lp, top_id, K, rcnt, *tree_ptrs,
             CHUNK=CHUNK, G=G, S=S, KP=KP, PACK64=pack64, BITS=bits,
-            FUSE=fuse, NCP=NCP, MPACK32=mpack32, MBITS=mbits, num_warps=nw1,
+            FUSE=fuse, NCP=NCP, MPACK32=mpack32, MBITS=mbits, **tree_consts, num_warps=nw1, **_maxnreg(cfg),
         )
     if fuse:
         return top_lp, top_id
@@ -442,6 +627,33 @@ def topk_logsumexp(x: torch.Tensor, K: int, cfg=None, _stages=3, _bufs=None):
     return top_lp, top_id
 
 
+def fused_tree(cfg, budget: int) -> bool:
+    """Whether the top-K launch also builds the trees (config ``tree``; up to
+    budget ``tree_max_b``: larger trees need so many registers that the fused
+    kernel would spill and starve the streaming part)."""
+    return bool(cfg.get("tree") and (cfg.get("fuse") or cfg.get("impl") == "v2")
+                and budget <= int(cfg.get("tree_max_b") or 32))
+
+
+def build_trees_triton(x: torch.Tensor, budget: int, root_tokens=None, cfg=None):
+    """Top-K + trees on the GPU; ``(trees, fused)``.  One launch when the
+    regime's config has ``fuse`` and ``tree`` (and the tree kernel supports
+    the shape), else the top-K launch(es) then the tree kernel.  Trees for
+    unsupported shapes are None (the caller runs the torch beam)."""
+    bs, L, V = x.shape
+    K = min(int(budget), V)
+    if cfg is None:
+        cfg = regime_config(bs * L)
+    if not tree_kernel_supported(L, budget, K):
+        return None, topk_logsumexp(x, K, cfg=cfg)
+    tr = _TreeLaunch(bs, L, K, budget, root_tokens, x.device)
+    if fused_tree(cfg, budget):
+        topk_logsumexp(x, K, cfg=cfg, _tree=tr)
+        return tr.trees(), None
+    top_lp, top_id = topk_logsumexp(x, K, cfg=cfg)
+    return _launch_tree(top_lp, top_id, tr), None
+
+
 @triton.jit
 def _tree_kernel(
     lp_ptr, id_ptr, root_ptr,
@@ -451,7 +663,22 @@ def _tree_kernel(
     LP: tl.constexpr, BP: tl.constexpr, KP: tl.constexpr, NP: tl.constexpr,
     CP: tl.constexpr, EPS: tl.constexpr, GATHER: tl.constexpr,
 ):
-    b = tl.program_id(0)
+    _tree_body(tl.program_id(0), lp_ptr, id_ptr, root_ptr, sc_ptr, ps_ptr, rk_ptr, pos_ptr,
+               tok_ptr, par_ptr, dep_ptr, val_ptr, vis_ptr,
+               HAS_ROOT, L, K, B, LP, BP, KP, NP, CP, EPS, GATHER)
+
+
+@triton.jit
+def _tree_body(
+    b, lp_ptr, id_ptr, root_ptr,
+    sc_ptr, ps_ptr, rk_ptr, pos_ptr,
+    tok_ptr, par_ptr, dep_ptr, val_ptr, vis_ptr,
+    HAS_ROOT: tl.constexpr, L: tl.constexpr, K: tl.constexpr, B: tl.constexpr,
+    LP: tl.constexpr, BP: tl.constexpr, KP: tl.constexpr, NP: tl.constexpr,
+    CP: tl.constexpr, EPS: tl.constexpr, GATHER: tl.constexpr,
+):
+    # One request's tree.  lp / id are read with .cg (L2, not L1): in the fused
+    # kernels other programs wrote them moments ago.
     lpb = lp_ptr + b * (L * K)
     sc = sc_ptr + b * (LP * BP)
     ps = ps_ptr + b * (LP * BP)
@@ -478,7 +705,7 @@ def _tree_kernel(
 
     # depth 1 (index 0): the top-K tokens themselves
     negb = tl.full([BP], -1.0e30, tl.float64)
-    beam = tl.load(lpb + bb, mask=bb < K, other=0.0).to(tl.float64)
+    beam = tl.load(lpb + bb, mask=bb < K, other=0.0, cache_modifier=".cg").to(tl.float64)
     beam = tl.where(bb < K, beam, negb)
     tl.store(sc + bb, beam)
     tl.store(ps + bb, tl.zeros([BP], dtype=tl.int32))
@@ -488,12 +715,12 @@ def _tree_kernel(
     kk = tl.arange(0, KP)
     for d in range(1, L):
         if GATHER:  # register gathers (no round trip through memory)
-            lpd = tl.load(lpb + d * K + kk, mask=kk < K, other=0.0).to(tl.float64)
+            lpd = tl.load(lpb + d * K + kk, mask=kk < K, other=0.0, cache_modifier=".cg").to(tl.float64)
             bi = tl.gather(beam, crow, 0)
             lj = tl.gather(lpd, ccol, 0)
         else:
             bi = tl.load(sc + (d - 1) * BP + crow)
-            lj = tl.load(lpb + d * K + ccol).to(tl.float64)
+            lj = tl.load(lpb + d * K + ccol, cache_modifier=".cg").to(tl.float64)
         cand = tl.where(cvalid, bi + lj, -3.0e30)
         t = tl.topk(_pack64(cand, cflat, 12), BP)
         s, j = _unpack64(t, 12)
@@ -527,7 +754,7 @@ def _tree_kernel(
     rkl = tl.load(rk + fc, mask=nv, other=0)
     pnode = tl.load(pos + (di - 1) * BP + psl, mask=nv & (di > 0), other=0)
     pnode = tl.where(di == 0, 0, pnode)
-    tok = tl.load(id_ptr + b * (L * K) + di * K + rkl, mask=nv, other=0)
+    tok = tl.load(id_ptr + b * (L * K) + di * K + rkl, mask=nv, other=0, cache_modifier=".cg")
 
     ob = b * (B + 1)
     om = bb < B
@@ -582,35 +809,19 @@ def _num_candidates(B: int, K: int) -> int:
     return sum(min(K, B // (i + 1)) for i in range(B))
 
 
-def build_trees_from_top_triton(top_lp, top_id, budget, root_tokens=None, num_warps=None, gather=None) -> DDTrees:
-    bs, L, K = top_lp.shape
-    B = int(budget)
-    N = B + 1
-    BP = max(2, _next_pow2(B))
-    KP = max(2, _next_pow2(K))
-    LP = max(2, _next_pow2(L))
-    NP = _next_pow2(N)
-    dev = top_lp.device
-    top_lp = top_lp.contiguous()
-    top_id = top_id.contiguous()
-    sc = torch.empty((bs, LP * BP), dtype=torch.float64, device=dev)
-    ps = torch.empty((bs, LP * BP), dtype=torch.int32, device=dev)
-    rk = torch.empty((bs, LP * BP), dtype=torch.int32, device=dev)
-    pos = torch.empty((bs, LP * BP), dtype=torch.int32, device=dev)
-    tokens = torch.empty((bs, N), dtype=torch.int64, device=dev)
-    parents = torch.empty((bs, N), dtype=torch.int64, device=dev)
-    depths = torch.empty((bs, N), dtype=torch.int64, device=dev)
-    valid = torch.empty((bs, N), dtype=torch.int8, device=dev)
-    vis = torch.empty((bs, N, N), dtype=torch.int8, device=dev)
-    has_root = root_tokens is not None
-    root = root_tokens.to(device=dev, dtype=torch.int64).contiguous() if has_root else tokens
-    CP = max(BP, _next_pow2(_num_candidates(B, K)))
-    nw = num_warps or CONFIG["tree_warps"] or (4 if CP <= 256 and NP <= 64 else 8)
-    if gather is None:
-        gather = CONFIG["tree_gather"]
+def _launch_tree(top_lp, top_id, tr: "_TreeLaunch", num_warps=None) -> DDTrees:
+    bs = top_lp.shape[0]
+    nw = num_warps or CONFIG["tree_warps"] or (4 if tr.CP <= 256 and tr.NP <= 64 else 8)
     _tree_kernel[(bs,)](
-        top_lp, top_id, root, sc, ps, rk, pos, tokens, parents, depths, valid, vis,
-        HAS_ROOT=has_root, L=L, K=K, B=B, LP=LP, BP=BP, KP=KP, NP=NP, CP=CP, EPS=DEPTH_EPS, GATHER=bool(gather),
-        num_warps=nw,
+        top_lp.contiguous(), top_id.contiguous(), *tr.ptrs(),
+        HAS_ROOT=tr.has_root, L=tr.L, K=tr.K, B=tr.B, LP=tr.LP, BP=tr.BP, KP=tr.KP, NP=tr.NP, CP=tr.CP,
+        EPS=DEPTH_EPS, GATHER=tr.gather, num_warps=nw,
     )
-    return DDTrees(tokens, parents, depths, vis.view(torch.bool), valid.view(torch.bool))
+    return tr.trees()
+
+
+def build_trees_from_top_triton(top_lp, top_id, budget, root_tokens=None, num_warps=None, gather=None) -> DDTrees:
+    """The tree kernel alone, from ``[bs, L, K]`` top-K log-probs / ids."""
+    bs, L, K = top_lp.shape
+    tr = _TreeLaunch(bs, L, K, budget, root_tokens, top_lp.device, gather=gather)
+    return _launch_tree(top_lp, top_id, tr, num_warps)
