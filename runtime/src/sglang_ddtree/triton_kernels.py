@@ -415,14 +415,17 @@ def _group_select_row(
 # bench/bench_build.py --tune times the candidates on the device and uses the
 # fastest correct ones; the defaults below are its choice on the H200
 # (bench/results-h200.txt).
-# 2026-11-29 run 3: large 123.3 us (stage 1 85.4 + stage 2 36.6; was 160.3 =
-# 85.1 + 73.3 with fp64 element keys and a 4096-wide group sort); small 13.4 us
-# (fused merge, chunk 8192; was 14.6 = 6.9 + 8.1 with two launches).
+# 2026-11-29 run 6 (bench/results-h200.txt): small = one launch (top-K +
+# merge + tree), 23.4 us at bs 1 L 7 B 32 (two launches: 24.9); large = v2
+# with the compacted element sort, 127.7 us at bs 128 L 7 B 32 (137.4
+# without); the small configuration only pays at one request of L 7 (bs 2:
+# 27.9 us vs 24.9 us with the large one), hence small_rows = 7.
 CONFIG = {
-    "small": {"impl": "v0", "chunk": 8192, "warps": None, "sel_warps": None, "mpack32": True, "fuse": True},
+    "small": {"impl": "v0", "chunk": 8192, "warps": 8, "sel_warps": None, "mpack32": True, "fuse": True,
+              "tree": True},
     "large": {"impl": "v2", "chunk": 8192, "S": 64, "warps": 8, "sel_warps": 4, "load2d": False,
-              "epack32": True, "hier": 4},
-    "small_rows": 64,
+              "epack32": True, "hier": 4, "fuse": False, "tree": False, "maxnreg": None, "ecap": 64},
+    "small_rows": 7,
     "tree_warps": 8,
     "tree_gather": True,
 }
@@ -570,8 +573,9 @@ def topk_logsumexp(x: torch.Tensor, K: int, cfg=None, _stages=3, _bufs=None, _tr
         ms = _buf(_bufs, "m", (rows, NCHUNK), torch.float32, dev)
         ss = _buf(_bufs, "s", (rows, NCHUNK), torch.float32, dev)
         nw1 = max(1, min(int(cfg.get("warps") or 4), CHUNK // 256))
-        ecap = int(cfg.get("ecap") or 0)
-        ecap = max(ecap, _next_pow2(KP)) if (ecap and epack32 and ecap < KP * S) else 0
+        # at least 2K slots: the K group maxima alone are K candidates
+        ecap = _next_pow2(max(int(cfg.get("ecap") or 0), 2 * KP)) if cfg.get("ecap") else 0
+        ecap = ecap if (epack32 and ecap < KP * S) else 0
         scr = _buf(_bufs, "scr", (rows, max(ecap, 1)), torch.float32, dev)
         sel = dict(NCP=NCP, KP=KP, GPACK64=gpack64, GBITS=gbits, EPACK32=epack32, EBITS=bits, R=R, ECAP=ecap)
         if _stages & 1:
