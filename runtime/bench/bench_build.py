@@ -130,15 +130,7 @@ def graph_check(dev):
             acc = greedy_accept(tr, tgt_static, max_depth=L)
             return tr, vi, acc
 
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                step()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            out_tr, out_vi, out_acc = step()
+        g, (out_tr, out_vi, out_acc) = capture_graph(step)
         ok = True
         for it in range(3):
             x_static.copy_(torch.randn(bs, L, V, device=dev).to(torch.bfloat16) * (1 + it))
@@ -161,6 +153,23 @@ def graph_check(dev):
         log(f"[cuda-graph] bs={bs} L={L} B={B}: capture ok, 3 replays with new inputs == eager: {ok}")
         ok_all &= ok
     return ok_all
+
+
+def capture_graph(fn, warmups=2):
+    """``(graph, outputs)``: ``fn`` run ``warmups`` times on a side stream (compiles,
+    allocator), then captured; the graph is replayed once before it is returned."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    g.replay()
+    torch.cuda.synchronize()
+    return g, out
 
 
 def copy_bandwidth(dev):
@@ -221,16 +230,7 @@ def bench_table(dev, bw, shapes):
         torch.cuda.synchronize()
         eager_us = time_events(lambda: build_trees(x, B), 20)
         # graph
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            build_trees(x, B)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            build_trees(x, B)
-        g.replay()
-        torch.cuda.synchronize()
+        g, _ = capture_graph(lambda: build_trees(x, B), warmups=1)
         graph_us = time_events(g.replay, 200)
         del g
         from sglang_ddtree import tree as _tree
@@ -245,16 +245,7 @@ def bench_table(dev, bw, shapes):
 
 
 def graph_time(fn, reps=200):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
+    g, _ = capture_graph(fn, warmups=1)
     return time_events(g.replay, reps)
 
 
@@ -281,17 +272,7 @@ def breakdown(dev, bw):
 
 
 def _graph_median(fn, reps=100, rounds=3):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
+    g, _ = capture_graph(fn)
     ts = sorted(time_events(g.replay, reps) for _ in range(rounds))
     return ts[len(ts) // 2]
 

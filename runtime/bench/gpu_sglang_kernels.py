@@ -45,6 +45,8 @@ from sglang_ddtree import build_trees  # noqa: E402
 from sglang_ddtree.verify import accept_walk, compact_accept_to_front, kv_move_plan, to_eagle_accept  # noqa: E402
 from sglang_ddtree.worker import tree_verify_fields  # noqa: E402
 
+from bench_build import capture_graph  # noqa: E402  (same folder)
+
 KERNEL_FILES = ("spec_tree.py", "eagle.py", "cache_locs.py")
 STUBS = {
     "sglang/__init__.py": "",
@@ -183,15 +185,7 @@ def graph_case(sgl, dev, bs, L, V, B):
         return [tr.tokens, tr.parents, f["draft_token"], f["positions"], f["retrieve_next_token"],
                 mask_buf, predict, acc, num, srcl, tgt]
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        outs = step()
+    g, outs = capture_graph(step)
     ok = True
     accepted = []
     for it in range(3):
