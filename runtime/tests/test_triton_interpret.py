@@ -51,23 +51,23 @@ for gat in (False, True):
         ref = build_trees_from_top(lp, ids, B, torch.arange(bs))
         for f in ("tokens", "parents", "depths", "visibility", "valid"):
             assert torch.equal(getattr(tr, f), getattr(ref, f)), (gat, bs, L, V, B, f)
-# the last program of a row / of a request doing the next step in the same
-# launch: v0 top-K + merge + tree (one launch), v2 select + tree, v2 with the
-# compacted element sort (ecap; tiny V falls back to the full sort), all in one
-# (v2 fuse); == the same top-K followed by the tree kernel, counters back at 0
+# v0 top-K + merge + tree in one launch (the last program of a row / of a
+# request doing the next step), v2 with the compacted element sort (ecap; tiny
+# V falls back to the full sort); == the same top-K followed by the tree
+# kernel, counters back at 0
 fused = [({"impl": "v0", "chunk": 256, "mpack32": True, "fuse": True, "tree": True}, torch.float32, (2, 3, 700, 16)),
          ({"impl": "v0", "chunk": 256, "mpack32": True, "fuse": True, "tree": True}, torch.bfloat16, (3, 2, 1000, 33)),
-         ({"impl": "v2", "chunk": 256, "S": 16, "epack32": True, "hier": 4, "ecap": 64, "tree": True},
+         ({"impl": "v2", "chunk": 256, "S": 16, "epack32": True, "hier": 4, "ecap": 64},
           torch.bfloat16, (2, 3, 700, 16)),
          ({"impl": "v2", "chunk": 256, "S": 16, "epack32": True, "ecap": 16}, torch.float16, (1, 2, 5, 8)),
-         ({"impl": "v2", "chunk": 256, "S": 16, "epack32": True, "hier": 4, "ecap": 64, "fuse": True, "tree": True},
+         ({"impl": "v2", "chunk": 256, "S": 16, "epack32": True, "hier": 4, "ecap": 64},
           torch.bfloat16, (2, 2, 3000, 8))]
 for cfg, dt, (bs, L, V, B) in fused:
     x = torch.randn(bs, L, V, generator=g).to(dt) * 3
     root = torch.arange(bs) + 7
     K = min(B, V)
     tr, _ = tk.build_trees_triton(x, B, root, cfg=cfg)
-    assert tk.fused_tree(cfg, B) == (bool(cfg.get("tree")) and B <= 32)
+    assert tk.fused_tree(cfg, B) == (cfg["impl"] == "v0" and B <= 32)
     lp, ids = tk.topk_logsumexp(x, K, cfg=dict(cfg, tree=False))
     assert torch.equal(x.float().gather(-1, ids).sort(-1).values, x.float().topk(K, -1).values.sort(-1).values), cfg
     ref = tk.build_trees_from_top_triton(lp, ids, B, root)

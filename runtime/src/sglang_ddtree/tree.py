@@ -210,7 +210,6 @@ def build_trees_from_top(
     nvalid = flat < LB
     flat_c = torch.where(nvalid, flat, torch.zeros_like(flat))
     d_idx = torch.div(flat_c, B, rounding_mode="floor")
-    slot = flat_c % B
 
     node_ids = torch.arange(1, N, device=dev).expand(bs, B)
     posmap = torch.zeros((bs, LB + 1), dtype=torch.long, device=dev)

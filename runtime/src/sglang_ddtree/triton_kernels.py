@@ -206,30 +206,15 @@ def _topk_merge_kernel(
 def _groupmax_kernel(
     x_ptr, stride_row, V, NCHUNK, NGP,
     gm_ptr, m_ptr, s_ptr,
-    cnt_ptr, NG, lp_ptr, id_ptr, K, scr_ptr,
-    rcnt_ptr, root_ptr, sc_ptr, ps_ptr, rk_ptr, pos_ptr, tok_ptr, par_ptr, dep_ptr, tval_ptr, vis_ptr,
     CHUNK: tl.constexpr, S: tl.constexpr, EVEN: tl.constexpr, LOAD2D: tl.constexpr,
-    FUSE: tl.constexpr, NCP: tl.constexpr, NGPC: tl.constexpr, KP: tl.constexpr,
-    GPACK64: tl.constexpr, GBITS: tl.constexpr, EPACK32: tl.constexpr, EBITS: tl.constexpr, R: tl.constexpr,
-    ECAP: tl.constexpr, TREE: tl.constexpr, HAS_ROOT: tl.constexpr, TL: tl.constexpr, TK: tl.constexpr, TB: tl.constexpr,
-    LP: tl.constexpr, BP: tl.constexpr, TKP: tl.constexpr, NP: tl.constexpr, CP: tl.constexpr,
-    EPS: tl.constexpr, GATHER: tl.constexpr,
 ):
     # v2 stage 1 (streaming, no sorting): each program reads CHUNK logits once
     # and writes the maxima of its CHUNK // S contiguous groups of S, its max
     # and its sum(exp(x - max)).  -inf is clamped on the group maxima only
     # (one operation per group, not per element); groups wholly past V get
     # -3.3e38, below any real group.
-    # With FUSE the grid is (chunks, rows), chunks fastest, so rows finish
-    # early and their selects overlap the streaming of later rows: the last
-    # chunk program of a row to finish selects the row (and, with TREE, the
-    # last row of a request builds its tree): one launch for everything.
-    if FUSE:
-        c = tl.program_id(0)
-        row = tl.program_id(1)
-    else:
-        row = tl.program_id(0)
-        c = tl.program_id(1)
+    row = tl.program_id(0)
+    c = tl.program_id(1)
     base = x_ptr + row.to(tl.int64) * stride_row
     gi = tl.arange(0, CHUNK // S)
     if LOAD2D:
@@ -258,39 +243,18 @@ def _groupmax_kernel(
     tl.store(m_ptr + out, m)
     tl.store(s_ptr + out, s)
     tl.store(gm_ptr + row.to(tl.int64) * NGP + c * (CHUNK // S) + gi, g)
-    if FUSE:
-        tl.debug_barrier()
-        done = tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel")
-        if done == NCHUNK - 1:
-            _group_select_row(row, x_ptr, stride_row, V, NCHUNK, NG, gm_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, K, scr_ptr,
-                              NCP, NGPC, S, KP, GPACK64, GBITS, EPACK32, EBITS, R, ECAP)
-            tl.atomic_xchg(cnt_ptr + row, 0, sem="relaxed")
-            if TREE:
-                _tree_after_rows(row // TL, rcnt_ptr, lp_ptr, id_ptr, root_ptr, sc_ptr, ps_ptr, rk_ptr,
-                                 pos_ptr, tok_ptr, par_ptr, dep_ptr, tval_ptr, vis_ptr,
-                                 HAS_ROOT, TL, TK, TB, LP, BP, TKP, NP, CP, EPS, GATHER)
 
 
 @triton.jit
 def _group_select_kernel(
     x_ptr, stride_row, V, NCHUNK, NG,
     gm_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, K, scr_ptr,
-    rcnt_ptr, root_ptr, sc_ptr, ps_ptr, rk_ptr, pos_ptr, tok_ptr, par_ptr, dep_ptr, tval_ptr, vis_ptr,
     NCP: tl.constexpr, NGP: tl.constexpr, S: tl.constexpr, KP: tl.constexpr,
     GPACK64: tl.constexpr, GBITS: tl.constexpr, EPACK32: tl.constexpr, EBITS: tl.constexpr,
     R: tl.constexpr, ECAP: tl.constexpr,
-    TREE: tl.constexpr, HAS_ROOT: tl.constexpr, TL: tl.constexpr, TK: tl.constexpr, TB: tl.constexpr,
-    LP: tl.constexpr, BP: tl.constexpr, TKP: tl.constexpr, NP: tl.constexpr, CP: tl.constexpr,
-    EPS: tl.constexpr, GATHER: tl.constexpr,
 ):
-    row = tl.program_id(0)
-    _group_select_row(row, x_ptr, stride_row, V, NCHUNK, NG, gm_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, K, scr_ptr,
-                      NCP, NGP, S, KP, GPACK64, GBITS, EPACK32, EBITS, R, ECAP)
-    if TREE:
-        # the last row of a request to be selected builds the request's tree
-        _tree_after_rows(row // TL, rcnt_ptr, lp_ptr, id_ptr, root_ptr, sc_ptr, ps_ptr, rk_ptr,
-                         pos_ptr, tok_ptr, par_ptr, dep_ptr, tval_ptr, vis_ptr,
-                         HAS_ROOT, TL, TK, TB, LP, BP, TKP, NP, CP, EPS, GATHER)
+    _group_select_row(tl.program_id(0), x_ptr, stride_row, V, NCHUNK, NG, gm_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, K,
+                      scr_ptr, NCP, NGP, S, KP, GPACK64, GBITS, EPACK32, EBITS, R, ECAP)
 
 
 @triton.jit
@@ -304,8 +268,8 @@ def _group_select_row(
     # v2 stage 2, one row: logsumexp from the chunks' (max, sum); the row's
     # top-K elements lie in its top-K groups by group maximum, so top-KP of the
     # NG group maxima, then top-KP of those groups' KP * S logits (re-read:
-    # KP * S elements, not the row).  Stage 1's outputs are read with .cg (L2):
-    # in the fused kernel other programs wrote them moments ago.
+    # KP * S elements, not the row).  Stage 1's outputs are read with .cg (L2:
+    # the stream kernel wrote them; nothing in L1 to reuse).
     c = tl.arange(0, NCP)
     cm = c < NCHUNK
     m = tl.load(m_ptr + row * NCHUNK + c, mask=cm, other=float("-inf"), cache_modifier=".cg")
@@ -401,17 +365,13 @@ def _group_select_row(
 #   hier     v2 stage 2: R > 1 selects the groups in two levels (super-groups of
 #            R groups first: sorts NGP / R + KP * R keys instead of NGP)
 #   mpack32  v0 merge: fp32 (value | position) keys for 16-bit inputs
-#   fuse     v0: the last chunk program of a row merges it; v2: the last chunk
-#            program of a row selects it (grid chunks-first so selects overlap
-#            the streaming).  No second launch; per-row counters in a
-#            persistent per-device buffer, left at zero.
-#   tree     the last row of a request to finish also builds the request's
-#            tree (per-request counters), in the fused first kernel (v0, v2
-#            with fuse: build_trees is one launch) or in v2's select kernel
-#            (two launches); budgets up to tree_max_b (default 32).
+#   fuse     v0: the last chunk program of a row merges it (no merge launch;
+#            per-row counters in a persistent per-device buffer, left at zero)
+#   tree     v0 with fuse: the last row of a request to be merged also builds
+#            the request's tree (per-request counters): build_trees is one
+#            launch; budgets up to tree_max_b (default 32)
 #   ecap     v2 select: sort only the logits >= the K-th selected group
-#            maximum, compacted into ecap slots (full sort if more)
-#   maxnreg  register cap for the (fused) first kernel
+#            maximum, compacted into ecap (at least 2K) slots, full sort if more
 # bench/bench_build.py --tune times the candidates on the device and uses the
 # fastest correct ones; the defaults below are its choice on the H200
 # (bench/results-h200.txt).
@@ -424,7 +384,7 @@ CONFIG = {
     "small": {"impl": "v0", "chunk": 8192, "warps": 8, "sel_warps": None, "mpack32": True, "fuse": True,
               "tree": True},
     "large": {"impl": "v2", "chunk": 8192, "S": 64, "warps": 8, "sel_warps": 4, "load2d": False,
-              "epack32": True, "hier": 4, "fuse": False, "tree": False, "maxnreg": None, "ecap": 64},
+              "epack32": True, "hier": 4, "ecap": 64},
     "small_rows": 7,
     "tree_warps": 8,
     "tree_gather": True,
@@ -464,12 +424,6 @@ def _buf(bufs, name, shape, dtype, dev):
     if t is None or tuple(t.shape) != tuple(shape) or t.dtype != dtype:
         t = bufs[name] = torch.empty(shape, dtype=dtype, device=dev)
     return t
-
-
-def _maxnreg(cfg):
-    # a register cap keeps the streaming part's occupancy when the fused
-    # select / tree code would otherwise raise the kernel's register count
-    return {"maxnreg": int(cfg["maxnreg"])} if cfg.get("maxnreg") else {}
 
 
 def regime_config(rows: int):
@@ -522,8 +476,8 @@ _NO_TREE_CONSTS = dict(HAS_ROOT=False, TL=1, TK=1, TB=1, LP=2, BP=2, TKP=2, NP=2
 def topk_logsumexp(x: torch.Tensor, K: int, cfg=None, _stages=3, _bufs=None, _tree=None):
     """``(top_lp[bs, L, K] float32, top_id[bs, L, K] int64)`` in one pass over ``x``.
 
-    ``_tree`` (a :class:`_TreeLaunch`, with ``fuse``): the same launch also
-    builds the trees.  ``_stages`` / ``_bufs`` are for the benchmark only
+    ``_tree`` (a :class:`_TreeLaunch`; v0 with ``fuse`` only): the same launch
+    also builds the trees.  ``_stages`` / ``_bufs`` are for the benchmark only
     (launch only stage 1 (bit 1) or stage 2 (bit 2), on buffers kept in the
     dict ``_bufs``)."""
     bs, L, V = x.shape
@@ -545,17 +499,6 @@ def topk_logsumexp(x: torch.Tensor, K: int, cfg=None, _stages=3, _bufs=None, _tr
     dev = x.device
     top_lp = _buf(_bufs, "lp", (bs, L, K), torch.float32, dev)
     top_id = _buf(_bufs, "id", (bs, L, K), torch.int64, dev)
-    fuse = bool(cfg.get("fuse"))
-    if _tree is not None:
-        assert _stages == 3
-        tree_ptrs, tree_consts = _tree.ptrs(), dict(_tree.consts(), TREE=True)
-    else:
-        tree_ptrs, tree_consts = (top_lp,) * 10, dict(_NO_TREE_CONSTS, TREE=False)
-    # request counters start 16-byte aligned (the kernel is specialised on
-    # pointer alignment: one compiled kernel for every batch size)
-    roff = (rows + 3) // 4 * 4
-    cnt = _counters(dev, roff + bs) if (fuse or _tree is not None) else None
-    rcnt = cnt[roff:] if cnt is not None else top_lp
     S = max(1, min(int(cfg.get("S") or 64), _next_pow2(V)))
     if cfg.get("impl", "v0") == "v2" and KP * S <= 4096:  # v0 for large K
         CHUNK = max(S, min(int(cfg.get("chunk", 4096)), _next_pow2(V)))
@@ -577,29 +520,28 @@ def topk_logsumexp(x: torch.Tensor, K: int, cfg=None, _stages=3, _bufs=None, _tr
         ecap = _next_pow2(max(int(cfg.get("ecap") or 0), 2 * KP)) if cfg.get("ecap") else 0
         ecap = ecap if (epack32 and ecap < KP * S) else 0
         scr = _buf(_bufs, "scr", (rows, max(ecap, 1)), torch.float32, dev)
-        sel = dict(NCP=NCP, KP=KP, GPACK64=gpack64, GBITS=gbits, EPACK32=epack32, EBITS=bits, R=R, ECAP=ecap)
         if _stages & 1:
-            _groupmax_kernel[(NCHUNK, rows) if fuse else (rows, NCHUNK)](
+            _groupmax_kernel[(rows, NCHUNK)](
                 x2, x2.stride(0), V, NCHUNK, NGP, gms, ms, ss,
-                cnt if fuse else ms, NG, top_lp, top_id, K, scr, rcnt, *tree_ptrs,
-                CHUNK=CHUNK, S=S, EVEN=(V % CHUNK == 0), LOAD2D=bool(cfg.get("load2d")),
-                FUSE=fuse, NGPC=NGP, **sel, **(tree_consts if fuse else dict(_NO_TREE_CONSTS, TREE=False)),
-                num_warps=nw1, **_maxnreg(cfg),
+                CHUNK=CHUNK, S=S, EVEN=(V % CHUNK == 0), LOAD2D=bool(cfg.get("load2d")), num_warps=nw1,
             )
-        if fuse:
-            return top_lp, top_id
         n2 = max(NGP, KP * S)
         nw2 = cfg.get("sel_warps") or (4 if n2 <= 1024 else 8)
         if _stages & 2:
             _group_select_kernel[(rows,)](
-                x2, x2.stride(0), V, NCHUNK, NG, gms, ms, ss, top_lp, top_id, K, scr, rcnt, *tree_ptrs,
-                NGP=NGP, S=S, **sel, **tree_consts, num_warps=nw2,
+                x2, x2.stride(0), V, NCHUNK, NG, gms, ms, ss, top_lp, top_id, K, scr,
+                NCP=NCP, NGP=NGP, S=S, KP=KP, GPACK64=gpack64, GBITS=gbits,
+                EPACK32=epack32, EBITS=bits, R=R, ECAP=ecap, num_warps=nw2,
             )
         return top_lp, top_id
-    if _tree is not None and not fuse:  # v2 asked for, but K too large for it
-        top_lp, top_id = topk_logsumexp(x, K, cfg=dict(cfg, tree=False), _bufs=_bufs)
-        _launch_tree(top_lp, top_id, _tree)
-        return top_lp, top_id
+    fuse = bool(cfg.get("fuse"))
+    if _tree is not None:
+        assert fuse and _stages == 3
+        tree_ptrs, tree_consts = _tree.ptrs(), dict(_tree.consts(), TREE=True)
+    else:
+        tree_ptrs, tree_consts = (top_lp,) * 10, dict(_NO_TREE_CONSTS, TREE=False)
+    # request counters start 16-byte aligned (the kernel is specialised on
+    # pointer alignment: one compiled kernel for every batch size)
     CHUNK, G, S = _chunk_params(V, KP, int(cfg.get("chunk", 4096)))
     NCHUNK = triton.cdiv(V, CHUNK)
     assert CHUNK <= (1 << bits)
@@ -611,13 +553,16 @@ def topk_logsumexp(x: torch.Tensor, K: int, cfg=None, _stages=3, _bufs=None, _tr
     idxs = _buf(_bufs, "idxs", (rows, NCHUNK, KP), torch.int32, dev)
     ms = _buf(_bufs, "m", (rows, NCHUNK), torch.float32, dev)
     ss = _buf(_bufs, "s", (rows, NCHUNK), torch.float32, dev)
+    roff = (rows + 3) // 4 * 4
+    cnt = _counters(dev, roff + bs) if fuse else ms
+    rcnt = cnt[roff:] if fuse else ms
     nw1 = cfg.get("warps") or (4 if KP * S <= 1024 else 8)
     if _stages & 1:
         _topk_chunk_kernel[(rows, NCHUNK)](
             x2, x2.stride(0), V, NCHUNK, vals, idxs, ms, ss,
-            cnt if fuse else ms, top_lp, top_id, K, rcnt, *tree_ptrs,
+            cnt, top_lp, top_id, K, rcnt, *tree_ptrs,
             CHUNK=CHUNK, G=G, S=S, KP=KP, PACK64=pack64, BITS=bits,
-            FUSE=fuse, NCP=NCP, MPACK32=mpack32, MBITS=mbits, **tree_consts, num_warps=nw1, **_maxnreg(cfg),
+            FUSE=fuse, NCP=NCP, MPACK32=mpack32, MBITS=mbits, **tree_consts, num_warps=nw1,
         )
     if fuse:
         return top_lp, top_id
@@ -632,18 +577,18 @@ def topk_logsumexp(x: torch.Tensor, K: int, cfg=None, _stages=3, _bufs=None, _tr
 
 
 def fused_tree(cfg, budget: int) -> bool:
-    """Whether the top-K launch also builds the trees (config ``tree``; up to
-    budget ``tree_max_b``: larger trees need so many registers that the fused
-    kernel would spill and starve the streaming part)."""
-    return bool(cfg.get("tree") and (cfg.get("fuse") or cfg.get("impl") == "v2")
+    """Whether the top-K launch also builds the trees (v0 with ``fuse`` and
+    ``tree``; up to budget ``tree_max_b``: larger trees need so many registers
+    that the fused kernel would spill)."""
+    return bool(cfg.get("impl", "v0") == "v0" and cfg.get("fuse") and cfg.get("tree")
                 and budget <= int(cfg.get("tree_max_b") or 32))
 
 
 def build_trees_triton(x: torch.Tensor, budget: int, root_tokens=None, cfg=None):
-    """Top-K + trees on the GPU; ``(trees, fused)``.  One launch when the
-    regime's config has ``fuse`` and ``tree`` (and the tree kernel supports
-    the shape), else the top-K launch(es) then the tree kernel.  Trees for
-    unsupported shapes are None (the caller runs the torch beam)."""
+    """Top-K + trees on the GPU: ``(trees, None)``, one launch when
+    :func:`fused_tree` says so, else the top-K launch(es) then the tree
+    kernel; ``(None, (top_lp, top_id))`` for shapes the tree kernel does not
+    support (the caller runs the torch beam)."""
     bs, L, V = x.shape
     K = min(int(budget), V)
     if cfg is None:
