@@ -88,6 +88,16 @@ class LabHost:
 
         return clear_fault(None)
 
+    @contextlib.contextmanager
+    def fault(self, name: str, **params):
+        """The fault set for the ``with`` body (as what ``set_fault`` returns),
+        every fault cleared after it."""
+        info = self.set_fault(name, **params)
+        try:
+            yield info
+        finally:
+            self.clear_faults()
+
 
 @contextlib.contextmanager
 def _session_lock(wait_s: float = 1800):

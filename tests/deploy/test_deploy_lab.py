@@ -6,6 +6,7 @@ about the release machinery; the gate tests live in tests/gates/.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -108,11 +109,8 @@ def test_rollback_to_unknown_release_is_a_clear_error(clean_lab, ops, snapshot):
 
 def test_start_failure_rolls_back_automatically(clean_lab, ops):
     before = live(clean_lab)
-    clean_lab.set_fault("capture_failure", algorithm="DDTREE")
-    try:
+    with clean_lab.fault("capture_failure", algorithm="DDTREE"):
         rc, out, err = ops.json("deploy", "ddtree", "--budget", "8", *FAST)
-    finally:
-        clean_lab.clear_faults()
     assert rc == 5, err
     error_lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(error_lines) == 1 and "start failed" in error_lines[0] and "rolled back to" in error_lines[0]
@@ -208,23 +206,18 @@ def test_controller_killed_after_switch_the_host_reverts_by_itself(clean_lab, op
     rc, _, err = ops.json("deploy", "ar-tp8", *FAST)  # the release to fall back to: not touched by the fault
     assert rc == 0, err
     before = live(clean_lab)
-    clean_lab.set_fault("slow_start", load_s=60, algorithm="DDTREE")  # the new release never gets ready in time
-    try:
+    with clean_lab.fault("slow_start", load_s=60, algorithm="DDTREE"):  # the new release never gets ready in time
         proc = subprocess.Popen([*OPSCTL, "deploy", "ddtree", "--budget", "6", *FAST, "-i", str(inv)], cwd=REPO,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not live(clean_lab)["current"].startswith("ddtree-b6-"):
             time.sleep(0.5)
         assert live(clean_lab)["current"].startswith("ddtree-b6-"), "the deploy never switched"
-        import os
-
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and live(clean_lab)["current"] != before["current"]:
             time.sleep(1)
-    finally:
-        clean_lab.clear_faults()
     assert live(clean_lab)["current"] == before["current"]
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and health(clean_lab) != 200:

@@ -60,11 +60,8 @@ def test_baseline_deploy_stores_the_baseline_then_healthy_ddtree_is_promoted(cle
 ])
 def test_graph_faults_fail_validation_and_roll_back(clean_lab, ops, fault, expect):
     before = current(clean_lab)
-    clean_lab.set_fault(fault, algorithm="DDTREE")
-    try:
+    with clean_lab.fault(fault, algorithm="DDTREE"):
         proc = ops("deploy", "ddtree", "--budget", "8", *YES)
-    finally:
-        clean_lab.clear_faults()
     assert proc.returncode == 5, proc.stdout + proc.stderr
     line = error_line(proc.stderr)
     assert expect in line and "rolled back to " + before in line
@@ -76,11 +73,8 @@ def test_graph_faults_fail_validation_and_roll_back(clean_lab, ops, fault, expec
 
 def test_site_ddtree_budget_32_is_judged_worse_and_rolled_back(clean_lab, ops):
     before = current(clean_lab)
-    clean_lab.set_fault("accept_collapse", algorithm="DDTREE")
-    try:
+    with clean_lab.fault("accept_collapse", algorithm="DDTREE"):
         proc = ops("deploy", "ddtree", "--budget", "32", *YES)
-    finally:
-        clean_lab.clear_faults()
     assert proc.returncode == 5, proc.stdout + proc.stderr
     line = error_line(proc.stderr)
     assert "gate failed" in line and "rolled back to " + before in line
@@ -95,11 +89,8 @@ def test_site_ddtree_budget_32_is_judged_worse_and_rolled_back(clean_lab, ops):
 
 def test_wrong_greedy_output_fails_the_canary(clean_lab, ops):
     before = current(clean_lab)
-    clean_lab.set_fault("wrong_output", algorithm="DDTREE")
-    try:
+    with clean_lab.fault("wrong_output", algorithm="DDTREE"):
         proc = ops("deploy", "ddtree", "--budget", "12", *YES)
-    finally:
-        clean_lab.clear_faults()
     assert proc.returncode == 5, proc.stdout + proc.stderr
     assert "canary" in error_line(proc.stderr)
     assert current(clean_lab) == before
