@@ -8,7 +8,6 @@ renamed into `shared/drafters/<digest>` only after every checksum verifies.
 """
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import os
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from opsctl.brake import die_with_parent
 from opsctl.config import HostConfig
 from opsctl.errors import ConfigError, HostError
 from opsctl.hosts import Connection
@@ -194,14 +194,6 @@ def plan_drafter(conn: Connection, host: HostConfig, manifest: DrafterManifest,
             "bytes_to_send": sum(manifest.files[r]["size"] for r in send)}
 
 
-def _die_with_parent() -> None:
-    # an rsync left behind by a killed controller would keep writing to the host
-    try:
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def ssh_command(host: HostConfig) -> list[str]:
     ssh = ["ssh", "-p", str(host.ssh.port), "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
            "-o", "ServerAliveInterval=15", "-o", "IdentitiesOnly=yes"]
@@ -248,7 +240,9 @@ def sync_drafter(conn: Connection, host: HostConfig, source: Path, manifest: Dra
                    *([f"--bwlimit={max(1, int(limit * 1024))}"] if limit else []),
                    "-e", " ".join(shlex.quote(a) for a in [*ssh_command(host), "-o", f"Ciphers={FAST_CIPHERS}"]),
                    f"{source}/", f"{host.ssh.user}@{host.ssh.address}:{incoming}/"]
-            proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=_die_with_parent)
+            # its own session: a terminal's ^C goes to opsctl alone, which stops it (brake)
+            proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=die_with_parent,
+                                  start_new_session=True)
         if proc.returncode != 0:
             raise HostError(f"drafter transfer to {host.name} failed (rsync exit {proc.returncode}): "
                             f"{proc.stderr.strip().splitlines()[-1:] or ['']}".replace("['", "").replace("']", ""),

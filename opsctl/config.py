@@ -281,8 +281,12 @@ def resolve_profile(name: str, budget: int | None = None, *,
     """Built-in profile `name`, with the inventory's overrides and the CLI budget applied."""
     overrides = overrides or {}
     if name not in BUILTIN_PROFILES and name not in overrides:
-        raise ConfigError(f"unknown profile {name!r}",
-                          f"use one of: {', '.join(profile_names(overrides))}")
+        import difflib
+
+        known = profile_names(overrides)
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        raise ConfigError(f"unknown profile {name!r}" + (f": did you mean {close[0]!r}?" if close else ""),
+                          f"use one of: {', '.join(known)}")
     data: dict[str, Any] = {**BUILTIN_PROFILES.get(name, {}), **overrides.get(name, {}), "name": name}
     kind = data.get("kind")
     if budget is not None and kind != "ddtree":

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from opsctl import __version__
+from opsctl.brake import BRAKE, Interrupted
 from opsctl.artifacts import (DrafterManifest, SyncResult, drafter_manifest, plan_drafter, runtime_wheel,
                               sha256_file, sync_drafter)
 from opsctl.config import HostConfig, Inventory, Profile, load_inventory
@@ -43,8 +44,10 @@ class Steps:
     def __init__(self, progress: Progress | None, host: str):
         self.progress = progress or _noop
         self.host = host
+        self.current = "plan"  # the step in progress, for an interrupt's report
 
     def start(self, step: str, detail: str = "") -> float:
+        self.current = step
         self.progress({"event": "step", "host": self.host, "step": step, "status": "start", "detail": detail})
         return time.monotonic()
 
@@ -359,9 +362,10 @@ def deploy(inventory: str | Path | Inventory, profile_name: str, budget: int | N
     hosts = inv.select(limit)
     profiles = {h.name: h.profile(profile_name, budget) for h in hosts}  # all bad input before any host I/O
     outcomes = []
-    for host in hosts:
-        outcomes.append(_deploy_one(inv, host, profiles[host.name], dry_run=dry_run, gates=gates,
-                                    pre_checks=pre_checks, progress=progress, confirm=confirm))
+    with BRAKE.engaged(on_note=lambda m: (progress or _noop)({"event": "note", "host": "opsctl", "message": m})):
+        for host in hosts:
+            outcomes.append(_deploy_one(inv, host, profiles[host.name], dry_run=dry_run, gates=gates,
+                                        pre_checks=pre_checks, progress=progress, confirm=confirm))
     return outcomes
 
 
@@ -389,30 +393,76 @@ def _deploy_one(inv: Inventory, host: HostConfig, profile: Profile, *, dry_run: 
         with HostLock(conn, host, f"deploy {profile.label}"):
             # the state may have moved while we planned; plan again under the lock
             plan = make_plan(conn, host, profile)
-            return _apply(conn, inv, host, profile, plan, steps, gates, checks=pre_checks)
+            try:
+                return _apply(conn, inv, host, profile, plan, steps, gates, checks=pre_checks)
+            except Interrupted as exc:
+                if exc.details.get("switched"):
+                    raise
+                raise _interrupted_before_switch(conn, host, plan, steps, exc) from None
+    except Interrupted as exc:
+        if "step" not in exc.details:  # before the lock: nothing on the host was touched
+            raise Interrupted(f"{exc.problem} during {steps.current}, before anything on {host.name} changed: "
+                              f"it still serves what it served", "nothing to undo",
+                              signal_name=exc.signal_name, details={"step": steps.current, "switched": False}) from None
+        raise
     finally:
         conn.close()
+
+
+def _interrupted_before_switch(conn: Connection, host: HostConfig, plan: Plan, steps: Steps,
+                               exc: Interrupted) -> Interrupted:
+    """Nothing live changed: say so, and what the interrupted staging left on the host."""
+    step = steps.current
+    with BRAKE.shielded("recording the interrupt"):
+        root = host.install_root
+        res = conn.run(f"cd {root} 2>/dev/null && {{ test -f releases/{plan.release}/manifest.json && echo RELEASE; "
+                       f"ls -d releases/.staging-* shared/drafters/.incoming-* 2>/dev/null; true; }}",
+                       check=False, timeout=30)
+        lines = res.stdout.split()
+        left = []
+        if "RELEASE" in lines:
+            left.append(f"release {plan.release} (complete, not live)")
+        left += [f"{p} (partial: the next deploy resumes or replaces it)" for p in lines if p != "RELEASE"]
+        append_ledger(conn, host, {"action": "deploy", "result": "interrupted", "step": step, "switched": False,
+                                   "signal": exc.signal_name, "to_release": plan.release,
+                                   "from_release": plan.previous, "profile": plan.profile.name,
+                                   "budget": plan.profile.budget, "left_staged": left})
+    serving = plan.previous or "nothing"
+    return Interrupted(f"{exc.problem} during {step}, before the switch: {host.name} still serves {serving} "
+                       f"(nothing live changed); left staged: {', '.join(left) or 'nothing'}",
+                       f"run the same deploy again to finish it, or leave it: 'opsctl status' shows what is live",
+                       signal_name=exc.signal_name, details={"step": step, "switched": False, "left_staged": left})
 
 
 def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile, plan: Plan, steps: Steps,
            gates: bool, *, checks: bool = True) -> DeployOutcome:
     play, sync = stage(conn, inv, plan, steps)
     details = {"ansible_changed": play.changed, "drafter_bytes_sent": sync.bytes_sent if sync else 0}
-    if plan.is_live:
+    if plan.is_live and plan.state.judged(plan.release):
         append_ledger(conn, host, {"action": "deploy", "result": "unchanged", "from_release": plan.release,
                                    "to_release": plan.release, "profile": profile.name, "budget": profile.budget,
                                    "reason": "already live", "ansible_changed": play.changed,
                                    "drafter_bytes_sent": details["drafter_bytes_sent"]})
         return DeployOutcome(host.name, plan.release, "unchanged", plan.as_dict(), details)
+    if plan.is_live:
+        steps.note(f"release {plan.release} is live but was never judged (its deploy was interrupted or killed): "
+                   f"restarting it and running every gate again")
     previous = plan.previous
-    append_ledger(conn, host, {"action": "deploy", "result": "started", "from_release": previous,
-                               "to_release": plan.release, "profile": profile.name, "budget": profile.budget})
-    if previous and previous != plan.release:
-        arm_guard(conn, host, previous, host.settings.guard_s or profile.readiness_timeout_s + 1800)
-    t0 = steps.start("switch", f"{previous or 'none'} -> {plan.release}")
-    since = switch(conn, host, plan.release)
-    steps.done("switch", t0, f"current -> {plan.release}")
+    # what a failure, an interrupt or the guard puts back: the last judged-good release (or the
+    # baseline), never a release nobody judged, whatever happens to be live
+    fallback = fallback_release(plan.state, host, exclude=plan.release)
+    switched = False
     try:
+        with BRAKE.held():  # these three run whole: a signal here is acted on right after the switch
+            append_ledger(conn, host, {"action": "deploy", "result": "started", "from_release": previous,
+                                       "to_release": plan.release, "fallback": fallback, "profile": profile.name,
+                                       "budget": profile.budget})
+            if fallback:
+                arm_guard(conn, host, fallback, host.settings.guard_s or profile.readiness_timeout_s + 1800)
+            t0 = steps.start("switch", f"{previous or 'none'} -> {plan.release}")
+            since = switch(conn, host, plan.release)
+            switched = True
+            steps.done("switch", t0, f"current -> {plan.release}")
         try:
             ready = wait_ready(conn, host, profile, since, steps)
         except DeployFailed as exc:
@@ -437,14 +487,26 @@ def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile,
             if not outcome.ok:
                 raise DeployFailed(f"{host.name}: post-deploy check failed: {outcome.reason}",
                                    "see 'opsctl check post' for every check")
+    except Interrupted as exc:
+        if not switched:
+            raise
+        step = steps.current
+        with BRAKE.shielded(f"rolling back to {fallback or 'nothing (stopping the service)'}"):
+            append_ledger(conn, host, {"action": "deploy", "result": "interrupted", "step": step, "switched": True,
+                                       "signal": exc.signal_name, "from_release": previous,
+                                       "to_release": plan.release, "profile": profile.name, "budget": profile.budget})
+            back = _roll_back_after_failure(conn, host, plan, fallback, f"interrupted ({exc.signal_name}) during {step}",
+                                            None, steps)
+        raise Interrupted(f"{exc.problem} during {step}, after the switch: {back}",
+                          "'opsctl status' shows what serves; deploy again when ready",
+                          signal_name=exc.signal_name, details={"step": step, "switched": True, **details}) from None
     except OpsctlError as exc:
+        if not switched:
+            raise
         reason = exc.problem
-        back = _roll_back_after_failure(conn, host, plan, previous, reason, exc, steps)
+        with BRAKE.shielded(f"rolling back to {fallback or 'nothing (stopping the service)'}"):
+            back = _roll_back_after_failure(conn, host, plan, fallback, reason, exc, steps)
         raise DeployFailed(f"{reason}; {back}", exc.fix, details={**exc.details, **details}) from None
-    except BaseException:
-        # interrupted (Ctrl-C) after the switch: put the old release back before leaving
-        _roll_back_after_failure(conn, host, plan, previous, "interrupted", None, steps)
-        raise
     disarm_guard(conn, host)
     append_ledger(conn, host, {"action": "promote", "result": "ok", "from_release": previous,
                                "to_release": plan.release, "profile": profile.name, "budget": profile.budget,
@@ -478,31 +540,43 @@ def _with_start_diagnosis(conn: Connection, host: HostConfig, profile: Profile, 
                         details={**exc.details, "findings": [f.model_dump() for f in failed]})
 
 
-def _roll_back_after_failure(conn: Connection, host: HostConfig, plan: Plan, previous: str | None, reason: str,
+def fallback_release(state: HostState, host: HostConfig, exclude: str | None) -> str | None:
+    """Where a failed, interrupted or unconfirmed deploy goes back to: the newest release
+    the host's ledger shows promoted (or put back by a rollback), else the baseline
+    release; never one nobody judged. None: nothing to go back to (the service stops)."""
+    good = state.last_good(exclude=exclude)
+    if good:
+        return good
+    base = state.baseline(host.baseline_profile)
+    return base if base and base != exclude else None
+
+
+def _roll_back_after_failure(conn: Connection, host: HostConfig, plan: Plan, target: str | None, reason: str,
                              exc: OpsctlError | None, steps: Steps) -> str:
-    t0 = steps.start("rollback", f"back to {previous or 'nothing (no earlier release)'}")
+    t0 = steps.start("rollback", f"back to {target or 'nothing (no judged release or baseline on the host)'}")
     disarm_guard(conn, host)
-    record: dict[str, Any] = {"action": "rollback", "from_release": plan.release, "to_release": previous,
+    record: dict[str, Any] = {"action": "rollback", "from_release": plan.release, "to_release": target,
                               "profile": plan.profile.name, "budget": plan.profile.budget, "reason": reason,
                               "automatic": True}
     if exc is not None and exc.details:
         record["details"] = exc.details
-    if not previous or previous == plan.release:
+    if not target or target == plan.release:
         stop_service(conn, host)
         append_ledger(conn, host, {**record, "result": "ok", "to_release": None})
-        steps.done("rollback", t0, "service stopped: nothing was serving before this deploy")
-        return "the service was stopped (nothing served before this deploy)"
-    since = switch(conn, host, previous)
-    prev_profile = _release_profile(plan.state.releases.get(previous), host)
+        steps.done("rollback", t0, "service stopped: no judged-good release or baseline to go back to")
+        return "the service was stopped (no judged-good release or baseline on the host to go back to)"
+    since = switch(conn, host, target)
+    info = plan.state.releases.get(target)
     try:
-        wait_ready(conn, host, prev_profile, since, steps)
+        wait_ready(conn, host, _release_profile(info, host), since, steps)
     except DeployFailed as again:
         append_ledger(conn, host, {**record, "result": "failed", "error": again.problem})
-        steps.done("rollback", t0, f"rolled back to {previous} but it did not become ready", status="fail")
-        return f"rolled back to {previous}, which did NOT become ready: {again.problem}"
-    append_ledger(conn, host, {**record, "result": "ok"})
-    steps.done("rollback", t0, f"{previous} serves again")
-    return f"rolled back to {previous}"
+        steps.done("rollback", t0, f"rolled back to {target} but it did not become ready", status="fail")
+        return f"rolled back to {target}, which did NOT become ready: {again.problem}"
+    append_ledger(conn, host, {**record, "result": "ok",
+                               "to_profile": info.label if info else None})
+    steps.done("rollback", t0, f"{target} serves again")
+    return f"rolled back to {target}, which serves again"
 
 
 def _release_profile(info: ReleaseInfo | None, host: HostConfig) -> Profile:
@@ -533,31 +607,39 @@ def rollback(inventory: str | Path | Inventory, to: str | None = None, *, limit:
              reason: str = "manual rollback", progress: Progress | None = None) -> list[dict]:
     inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
     results = []
-    for host in inv.select(limit):
-        steps = Steps(progress, host.name)
-        conn = connect(host)
-        try:
-            _rollback_target(host, read_state(conn, host), to)  # bad input fails before the lock is taken
-            with HostLock(conn, host, "rollback"):
-                state = read_state(conn, host)
-                target = _rollback_target(host, state, to)
-                info = state.releases[target]
-                disarm_guard(conn, host)
-                t0 = steps.start("switch", f"{state.current or 'none'} -> {target}")
-                since = switch(conn, host, target)
-                steps.done("switch", t0, f"current -> {target}")
-                try:
-                    ready = wait_ready(conn, host, _release_profile(info, host), since, steps)
-                except DeployFailed as exc:
-                    append_ledger(conn, host, {"action": "rollback", "result": "failed", "from_release": state.current,
-                                               "to_release": target, "reason": reason, "error": exc.problem})
-                    raise
-                rec = append_ledger(conn, host, {"action": "rollback", "result": "ok", "from_release": state.current,
-                                                 "to_release": target, "profile": info.profile, "budget": info.budget,
-                                                 "reason": reason, "ready_s": round(ready.seconds, 2)})
-                results.append(rec)
-        finally:
-            conn.close()
+    with BRAKE.engaged(on_note=lambda m: (progress or _noop)({"event": "note", "host": "opsctl", "message": m})):
+        for host in inv.select(limit):
+            results.extend(_rollback_one(host, to, reason, progress))
+    return results
+
+
+def _rollback_one(host: HostConfig, to: str | None, reason: str, progress: Progress | None) -> list[dict]:
+    results = []
+    steps = Steps(progress, host.name)
+    conn = connect(host)
+    try:
+        _rollback_target(host, read_state(conn, host), to)  # bad input fails before the lock is taken
+        BRAKE.check()  # interrupted before anything changed: stop here
+        with HostLock(conn, host, "rollback"), BRAKE.shielded("rolling back: it finishes first"):
+            state = read_state(conn, host)
+            target = _rollback_target(host, state, to)
+            info = state.releases[target]
+            disarm_guard(conn, host)
+            t0 = steps.start("switch", f"{state.current or 'none'} -> {target}")
+            since = switch(conn, host, target)
+            steps.done("switch", t0, f"current -> {target}")
+            try:
+                ready = wait_ready(conn, host, _release_profile(info, host), since, steps)
+            except DeployFailed as exc:
+                append_ledger(conn, host, {"action": "rollback", "result": "failed", "from_release": state.current,
+                                           "to_release": target, "reason": reason, "error": exc.problem})
+                raise
+            rec = append_ledger(conn, host, {"action": "rollback", "result": "ok", "from_release": state.current,
+                                             "to_release": target, "profile": info.profile, "budget": info.budget,
+                                             "reason": reason, "ready_s": round(ready.seconds, 2)})
+            results.append(rec)
+    finally:
+        conn.close()
     return results
 
 
@@ -597,23 +679,29 @@ def status(inventory: str | Path | Inventory, *, limit: str | None = None) -> li
         finally:
             conn.close()
         cur = state.current_release
-        verdict = state.last_verdict()
-        pending = bool(state.ledger) and state.ledger[-1].get("action") == "deploy" \
-            and state.ledger[-1].get("result") == "started"
+        verdict = state.verdict_for(state.current)  # the live release's own verdict, never another's
+        unfinished = state.interrupted_deploy()
         out.append({
             "host": host.name, "release": state.current, "profile": cur.profile if cur else None,
             "budget": cur.budget if cur else None, "verify_width": cur.manifest.get("verify_width") if cur else None,
             "service": state.service.get("ActiveState"), "sub_state": state.service.get("SubState"),
             "since": state.service.get("ActiveEnterTimestamp"), "restarts": state.service.get("NRestarts"),
+            "judged": state.judged(state.current) if state.current else None,
             "last_verdict": ({"status": verdict.get("status"), "ts": verdict.get("ts"), "release": verdict.get("release")}
                              if verdict else None),
-            "deploy_in_progress_or_interrupted": pending,
+            "deploy_in_progress_or_interrupted": unfinished is not None,
+            "unfinished_deploy": ({k: unfinished.get(k) for k in ("ts", "result", "step", "switched", "to_release",
+                                                                  "from_release", "signal", "who")}
+                                  if unfinished else None),
+            "last_good": state.last_good(),
             "releases": sorted(state.releases), "baseline": state.baseline(host.baseline_profile),
         })
     return out
 
 
 def history(inventory: str | Path | Inventory, *, limit: str | None = None, last: int | None = None) -> list[dict]:
+    if last is not None and last < 1:
+        raise ConfigError(f"--last {last}: the number of records must be at least 1", "e.g. --last 10, or leave it out for all")
     inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
     out = []
     for host in inv.select(limit):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from opsctl.brake import BRAKE
 from opsctl.config import HostConfig, Inventory
 from opsctl.errors import HostError
 
@@ -120,12 +121,39 @@ def run_playbook(inventory: Inventory, host: HostConfig, playbook: str, extravar
         return True
 
     t0 = time.monotonic()
+    # A signal must not unwind through ansible-runner's pexpect loop (the playbook would run on
+    # without us): it is held, the runner's cancel callback sees it within 0.25 s and kills
+    # ansible-playbook's process group, and the brake raises Interrupted once we are out.
+    with BRAKE.held():
+        result = _run(ansible_runner, work, pb, inventory, host, extravars, envvars, on_event, timeout_s, steps, t0)
+        if result is None:
+            return PlayResult(playbook, -1, "canceled", 0, 0, 0, 0, steps, time.monotonic() - t0)
+    if not result.succeeded:
+        bad = next((s for s in steps if s.status in ("failed", "unreachable")), None)
+        if bad and bad.status == "unreachable" or result.unreachable:
+            raise HostError(f"host {host.name} ({host.ssh.address}) became unreachable over SSH"
+                            + (f": {bad.message}" if bad and bad.message else ""),
+                            "check the address/key in the inventory" +
+                            ("; for the lab run 'opsctl lab up'" if not host.ssh.strict_host_keys else ""),
+                            details={"steps": [s.as_dict() for s in steps]})
+        what = f"step '{bad.task}' failed: {bad.message}" if bad else f"ansible status {result.status} rc={result.rc}"
+        raise HostError(f"{playbook} on {host.name}: {what}", "see the step output above; the live release was not touched",
+                        details={"steps": [s.as_dict() for s in steps]})
+    return result
+
+
+def _run(ansible_runner, work: Path, pb: Path, inventory: Inventory, host: HostConfig, extravars: dict,
+         envvars: dict, on_event, timeout_s: int, steps: list[PlayStep], t0: float) -> PlayResult | None:
+    playbook = pb.name
     try:
         runner = ansible_runner.run(
             private_data_dir=str(work), playbook=str(pb), inventory=str(inventory.path.resolve()),
             limit=host.name, extravars=extravars, envvars=envvars, quiet=True, event_handler=on_event,
-            timeout=timeout_s, json_mode=False,
+            timeout=timeout_s, json_mode=False, cancel_callback=lambda: BRAKE.requested,
+            settings={"pexpect_timeout": 0.25},
         )
+        if runner.status == "canceled":
+            return None
         stats = runner.stats or {}
 
         def count(key: str) -> int:
@@ -135,17 +163,6 @@ def run_playbook(inventory: Inventory, host: HostConfig, playbook: str, extravar
                             count("failures"), count("dark"), steps, time.monotonic() - t0)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    if not result.succeeded:
-        bad = next((s for s in steps if s.status in ("failed", "unreachable")), None)
-        if bad and bad.status == "unreachable" or result.unreachable:
-            raise HostError(f"host {host.name} ({host.ssh.address}) is unreachable over SSH"
-                            + (f": {bad.message}" if bad and bad.message else ""),
-                            "check the address/key in the inventory" +
-                            ("; for the lab run 'opsctl lab up'" if not host.ssh.strict_host_keys else ""),
-                            details={"steps": [s.as_dict() for s in steps]})
-        what = f"step '{bad.task}' failed: {bad.message}" if bad else f"ansible status {result.status} rc={result.rc}"
-        raise HostError(f"{playbook} on {host.name}: {what}", "see the step output above; the live release was not touched",
-                        details={"steps": [s.as_dict() for s in steps]})
     return result
 
 

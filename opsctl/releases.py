@@ -88,6 +88,41 @@ class HostState:
                 return rel
         return None
 
+    def judged(self, release: str) -> bool:
+        """Did the newest ledger record about `release` judge it good (promoted, or put
+        back by a rollback)? A deploy that started or was interrupted after it did not."""
+        for rec in reversed(self.ledger):
+            if rec.get("to_release") != release:
+                continue
+            if rec.get("action") in ("promote", "rollback"):
+                return rec.get("result") == "ok"
+            if rec.get("action") == "deploy" and (rec.get("result") == "started" or
+                                                  (rec.get("result") == "interrupted" and rec.get("switched"))):
+                return False
+        return False
+
+    def verdict_for(self, release: str | None) -> dict | None:
+        """The newest gate verdict of `release` (None for a release never benchmarked)."""
+        if not release:
+            return None
+        for rec in reversed(self.ledger):
+            if rec.get("action") == "verdict" and rec.get("release") == release:
+                return rec
+        return None
+
+    def interrupted_deploy(self) -> dict | None:
+        """The last deploy record if that deploy never finished (interrupted, or the
+        controller died): started/interrupted with no promote/rollback after it."""
+        for rec in reversed(self.ledger):
+            act, res = rec.get("action"), rec.get("result")
+            if act in ("promote", "rollback"):
+                return None
+            if act == "deploy" and res in ("started", "interrupted"):
+                return rec
+            if act == "deploy":
+                return None
+        return None
+
     def baseline(self, baseline_profile: str) -> str | None:
         cands = [r for r in self.releases.values() if r.profile == baseline_profile]
         cands.sort(key=lambda r: r.created_at)

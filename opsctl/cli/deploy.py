@@ -68,7 +68,7 @@ def _print_plan(plan: dict) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("deploy")
     def deploy_cmd(
-        profile: str = typer.Argument(..., help="Profile: ar-tp8, ar-ep8 (baselines), dflash, ddtree."),
+        profile: str = typer.Argument(..., metavar="PROFILE", help="Profile: ar-tp8, ar-ep8 (baselines), dflash, ddtree."),
         budget: Optional[int] = _common.BudgetOpt,
         inventory: Optional[Path] = _common.InventoryOpt,
         limit: Optional[str] = _common.LimitOpt,
