@@ -735,7 +735,8 @@ def bench_live(inventory: str | Path | Inventory, *, limit: str | None = None, o
 
 
 def release_bench(inventory: str | Path | Inventory, release: str, *, limit: str | None = None):
-    """(the release's stored bench run, the host's baseline run) for `opsctl report RELEASE`."""
+    """(the release's stored bench run, the host's baseline run, the host's gate policy) for
+    `opsctl report RELEASE`."""
     from opsctl import gating
 
     inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
@@ -750,4 +751,4 @@ def release_bench(inventory: str | Path | Inventory, release: str, *, limit: str
         base = gating.load_baseline(conn, host) if gating.has_baseline(conn, host) else None
     finally:
         conn.close()
-    return run, base
+    return run, base, host.gate_policy()

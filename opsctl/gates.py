@@ -114,6 +114,7 @@ class LevelRow(BaseModel):
     errors: int = 0
     spread_pct: float = 0.0
     status: Status = "pass"
+    why: str = ""  # the words for the status, matching the numbers: "within the -10 % limit"
 
 
 class Verdict(BaseModel):
@@ -248,6 +249,7 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
             elif acc < floor:
                 low_accept.append((c, acc))
                 st = "fail"
+        why = _why(st, delta, c, policy, k.accept, floor)
         spread = max(k.output_throughput_spread, b.output_throughput_spread)
         if st == "pass" and spread > policy.max_spread:
             reasons.append(f"C={c}: repeats spread {spread * 100:.0f}% (> {policy.max_spread * 100:.0f}%): "
@@ -256,7 +258,9 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
         rows.append(LevelRow(concurrency=c, baseline_tok_s=b.output_throughput, candidate_tok_s=k.output_throughput,
                              delta_pct=None if delta is None else delta * 100, baseline_itl_p50_ms=b.median_itl_ms,
                              candidate_itl_p50_ms=k.median_itl_ms, accept_length=k.accept,
-                             baseline_accept_length=b.accept, errors=k.errors, spread_pct=spread * 100, status=st))
+                             baseline_accept_length=b.accept, errors=k.errors, spread_pct=spread * 100, status=st,
+                             why=why if st == "pass" else ("repeats too noisy to call" if spread > policy.max_spread
+                                                           and why.startswith("pass") else why)))
     if not rows:
         raise ConfigError("the candidate and the baseline share no concurrency level", fix)
     if low_accept:
@@ -294,6 +298,28 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
         status = "fail"
     return Verdict(status=status, profile_kind=profile_kind, rows=rows, reasons=reasons, notes=notes,
                    canary=canary, policy=policy.model_dump(mode="json"))
+
+
+def _why(status: str, delta: float | None, c: int, policy: GatePolicy, accept: float | None,
+         floor: float | None) -> str:
+    """The status of one level in words that match its numbers (never "better" for a loss)."""
+    if delta is None:
+        return "not compared (baseline throughput 0)"
+    pct = f"{delta * 100:+.1f} %"
+    acc = f", accept {accept:.2f} >= floor {floor:.2f}" if accept is not None and floor is not None and \
+        status == "pass" else ""
+    if status != "pass":
+        return f"{status} ({pct})"
+    if c == policy.speedup_concurrency:
+        return f"pass ({pct}, at least {policy.min_speedup * 100:+.0f} % needed here{acc})"
+    if delta < 0:
+        return f"pass ({pct}, within the -{policy.max_regression * 100:.0f} % limit{acc})"
+    return f"pass ({pct}, faster than the baseline{acc})"
+
+
+def verdict_summary(verdict: "Verdict") -> str:
+    """One line per verdict, each level in the words of its row."""
+    return "; ".join(f"C={r.concurrency}: {r.why or r.status}" for r in verdict.rows)
 
 
 # --------------------------------------------------------------------------- marginal: re-measure once

@@ -336,7 +336,9 @@ def bench_and_judge(conn: Connection, host: HostConfig, profile: Profile, releas
     rec = _verdict_record(conn, host, release, profile, verdict.status, verdict.reasons, verdict.notes,
                           rows=[r.model_dump(mode="json") for r in verdict.rows], canary=verdict.canary)
     if verdict.ok:
-        steps.done("judge", t1, "PASS: " + (verdict.notes[0] if verdict.notes else "better than the baseline"))
+        from opsctl.gates import verdict_summary
+
+        steps.done("judge", t1, f"{verdict.status.upper()}: {verdict_summary(verdict)}")
         return _outcome(True, "", rec)
     steps.done("judge", t1, verdict.one_line(), status="fail")
     return _outcome(False, verdict.one_line(), rec)
@@ -349,7 +351,7 @@ def _row(r) -> dict:
     return {"C": r.concurrency, "baseline tok/s": f(r.baseline_tok_s, "%.1f"), "release tok/s": f(r.candidate_tok_s, "%.1f"),
             "delta": f(r.delta_pct, "%+.1f%%"), "ITL p50 base": f(r.baseline_itl_p50_ms, "%.2f ms"),
             "ITL p50 rel": f(r.candidate_itl_p50_ms, "%.2f ms"), "accept": f(r.accept_length, "%.2f"),
-            "errors": r.errors, "status": r.status}
+            "errors": r.errors, "status": r.why or r.status}
 
 
 def _summary(run) -> list[dict]:

@@ -651,13 +651,25 @@ def looks_like_json_export(text: str) -> bool:
     return head in ("{", "[") and '"MESSAGE"' in text[:20000]
 
 
+def looks_like_sglang(parsed: ParsedJournal) -> bool:
+    """Does a parsed file hold a server log? Lines that SGLang prints carry its prefix (a
+    timestamp, a rank, a journald pid) or are its server_args line; a README that quotes
+    the ready line does not."""
+    return any(ln.timestamp is not None or ln.rank or ln.pid is not None or "server_args=ServerArgs(" in ln.text
+               for ln in parsed.lines[:20000])
+
+
 def load_file(path: str | Path) -> ParsedJournal:
     """Parse a saved journal: JSON export (`journalctl -o json`) or text, detected from the content."""
     path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8", "replace")
+        raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}", "check the path of --from-file") from None
+    if b"\0" in raw[:65536]:
+        raise ConfigError(f"{path} is not a text file (it holds NUL bytes)",
+                          "pass a saved journal: journalctl -u UNIT > FILE (text) or -o json")
+    text = raw.decode("utf-8", "replace")
     if looks_like_json_export(text):
         try:
             return parse(load_entries_json(text))

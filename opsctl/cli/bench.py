@@ -126,8 +126,15 @@ def _bench_url(url: str, *, concurrency: Optional[list[int]], input_len: Optiona
 
 
 def register(app: typer.Typer) -> None:
-    bench_app = typer.Typer(help="Benchmark the live release (per concurrency level), compare and import results.",
-                            no_args_is_help=False, rich_markup_mode=None)
+    bench_app = typer.Typer(help=(
+        "Benchmark the live release (per concurrency level), compare and import results.\n\n"
+        "By default the load runs on the inventory's host (loopback to the server) at the gate policy's "
+        "levels and repeats; medians over repeats are printed.\n\n"
+        "Examples:\n\n"
+        "  opsctl bench -i inventories/lab --concurrency 1,4,16 --repeats 2\n\n"
+        "  opsctl bench -i inventories/lab --save-baseline      # store the live ar-tp8 as the baseline\n\n"
+        "  opsctl bench --url http://127.0.0.1:30000 --concurrency 1 --out results/\n\n"
+        "  opsctl bench compare baseline.jsonl candidate.jsonl"), no_args_is_help=False, rich_markup_mode=None)
 
     @bench_app.callback(invoke_without_command=True)
     def bench_cmd(
@@ -185,8 +192,10 @@ def register(app: typer.Typer) -> None:
             overrides = {k: v for k, v in {"concurrency": levels, "input_len": input_len, "output_len": output_len,
                                            "requests_per_level": requests_per_level, "repeats": repeats,
                                            "warmup": warmup, "seed": seed}.items() if v is not None}
-            with _LevelProgress(repeats or 1) as prog:
-                res = bench_live(_common.inventory(inventory), limit=limit, overrides=overrides,
+            inv_loaded = _common.inventory(inventory)
+            shown = repeats or inv_loaded.select(limit)[0].gate_policy().repeats
+            with _LevelProgress(shown) as prog:
+                res = bench_live(inv_loaded, limit=limit, overrides=overrides,
                                  prompt_file=prompt_file, save_baseline=save_baseline, on_host=not on_controller,
                                  progress=prog)
             runs = res if isinstance(res, dict) else {str(res.meta.get("host", "host")): res}
@@ -284,24 +293,28 @@ def register(app: typer.Typer) -> None:
         from opsctl.report import write_report
 
         _output.set_json(json_out)
+        host_policy = None
         if Path(run_file).is_file():
             run = read_jsonl(Path(run_file))
             base = read_jsonl(baseline) if baseline is not None else None
         else:
             from opsctl.deploy import release_bench
 
-            run, host_base = release_bench(_common.inventory(inventory), run_file, limit=limit)
+            run, host_base, host_policy = release_bench(_common.inventory(inventory), run_file, limit=limit)
             base = read_jsonl(baseline) if baseline is not None else host_base
             if name == "report":
                 name = run_file
         verdict = None
         if base is not None:
             pk = kind or str(run.meta.get("profile_kind") or run.meta.get("kind") or "unknown")
-            mismatch = run.canary.mismatch if run.canary is not None and run.canary.compared else None
+            compared = bool(run.canary is not None and run.canary.compared)
+            mismatch = run.canary.mismatch if compared else None
             try:
-                # judge the levels this run measured, with the default thresholds
-                pol = GatePolicy(concurrency=run.concurrencies())
-                verdict = judge(run, base, pol, profile_kind=pk, canary_mismatch=mismatch)
+                # the levels and repeats this run measured, with the host's thresholds (a file: the defaults)
+                pol = (host_policy or GatePolicy()).model_copy(
+                    update={"concurrency": run.concurrencies(), "repeats": max(1, run.repeats)})
+                verdict = judge(run, base, pol, profile_kind=pk, canary_mismatch=mismatch,
+                                canary_ran=compared if run.canary is not None else False)
             except ConfigError as e:
                 _output.info(f"no verdict: {e.one_line()}")
         paths = write_report(run, out, base, verdict, name=name)
