@@ -162,6 +162,7 @@ class HostSettings(_Strict):
                                 "unconfirmed release; default: readiness timeout + 30 min (gates included)")
     extra_env: dict[str, str] = Field(default_factory=dict)
     secrets_file: Path | None = Field(None, description="controller file of KEY=VALUE secrets (HF token, API key); shipped 0600")
+    secrets_mode_ok: bool = Field(False, description="accept a secrets_file that group/others can read on the controller")
     profiles: dict[str, dict[str, Any]] = Field(default_factory=dict)
     gate: dict[str, Any] = Field(default_factory=dict)
 

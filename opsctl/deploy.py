@@ -12,6 +12,7 @@ mid-gate cannot leave an unjudged release serving.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import shlex
 import tempfile
@@ -79,6 +80,7 @@ class Plan:
     unit_diff: str
     changes: list[str] = field(default_factory=list)
     bytes_to_send: int = 0
+    verify_weights: bool = False
 
     @property
     def previous(self) -> str | None:
@@ -97,6 +99,7 @@ class Plan:
             "id": self.release, "profile": self.profile.model_dump(mode="json"),
             "verify_width": self.profile.verify_width, "rendered_digest": self.rendered.digest(),
             "files": {n: _sha(t) for n, t in sorted(self.rendered.release_files.items())},
+            "secrets": self.host.settings.secrets_file is not None,  # never their values or hash
             "runtime_wheel": ({"name": self.runtime_wheel.name, "sha256": self.runtime_sha}
                               if self.runtime_wheel else None),
             "drafter": ({"digest": self.drafter.digest, "bytes": self.drafter.total_bytes} if self.drafter else None),
@@ -117,13 +120,36 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def make_plan(conn: Connection, host: HostConfig, profile: Profile) -> Plan:
+def secrets_digest(host: HostConfig) -> str | None:
+    """sha256 of the configured secrets file (None when none is configured). A missing file,
+    or one that group/others can read, is refused before anything touches the host."""
+    path = host.settings.secrets_file
+    if path is None:
+        return None
+    import stat
+
+    try:
+        st = path.stat()
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"secrets_file {path} (host {host.name}) does not exist",
+                          "create it (KEY=VALUE lines, chmod 600) or remove secrets_file from the inventory") from None
+    except OSError as exc:
+        raise ConfigError(f"secrets_file {path} cannot be read: {exc.strerror}", "check its owner and mode") from None
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO) and not host.settings.secrets_mode_ok:
+        raise ConfigError(f"secrets_file {path} is readable by group/others (mode {stat.S_IMODE(st.st_mode):04o})",
+                          f"chmod 600 {path} (or set secrets_mode_ok: true to accept it)")
+    return hashlib.sha256(data).hexdigest()
+
+
+def make_plan(conn: Connection, host: HostConfig, profile: Profile, *, verify_weights: bool = False) -> Plan:
     """Work out what a deploy would change. Reads the host, writes nothing."""
     rendered = render(host, profile)
     wheel = runtime_wheel(host) if profile.kind == "ddtree" else None
     wheel_sha = sha256_file(wheel) if wheel else None
     manifest = drafter_manifest(host.drafter.source) if profile.speculative else None
-    rid = release_id(profile.slug, rendered.digest(), wheel_sha, manifest.digest if manifest else None)
+    secrets_sha = secrets_digest(host)
+    rid = release_id(profile.slug, rendered.digest(), wheel_sha, manifest.digest if manifest else None, secrets_sha)
     state = read_state(conn, host)
     current_unit = ""
     if state.current:
@@ -131,8 +157,10 @@ def make_plan(conn: Connection, host: HostConfig, profile: Profile) -> Plan:
     new_unit = rendered.release_files[host.unit_name]
     diff = "".join(difflib.unified_diff(current_unit.splitlines(True), new_unit.splitlines(True),
                                         fromfile=f"live ({state.current or 'none'})", tofile=f"new ({rid})"))
-    dplan = plan_drafter(conn, host, manifest) if manifest else None
-    plan = Plan(host, profile, rendered, rid, state, wheel, wheel_sha, manifest, dplan, diff)
+    dplan = plan_drafter(conn, host, manifest, source=host.drafter.source, full_verify=verify_weights) \
+        if manifest else None
+    plan = Plan(host, profile, rendered, rid, state, wheel, wheel_sha, manifest, dplan, diff,
+                verify_weights=verify_weights)
     env_ready = conn.run(f"test -f {env_python(host).parent.parent}/.opsctl-complete", check=False).ok
     changes: list[str] = []
     send = 0
@@ -159,7 +187,12 @@ def make_plan(conn: Connection, host: HostConfig, profile: Profile) -> Plan:
         send += sum(len(t.encode()) for t in rendered.release_files.values()) + (wheel.stat().st_size if wheel else 0)
     if dplan is not None:
         if dplan["present"]:
-            changes.append(f"drafter {manifest.digest[:12]} already on the host (0 bytes)")
+            changes.append(f"drafter {manifest.digest[:12]} already on the host, content checked "
+                           f"({'every byte' if verify_weights else 'sizes and sampled hashes'}; 0 bytes)")
+        elif dplan.get("repair"):
+            changes.append(f"drafter {manifest.digest[:12]} on the host differs in {len(dplan['repair'])} file(s) "
+                           f"({', '.join(dplan['repair'][:3])}): re-send them ({dplan['bytes_to_send'] / 2**20:.1f} MiB)")
+            send += dplan["bytes_to_send"]
         else:
             changes.append(f"drafter {manifest.digest[:12]}: send {len(dplan['send'])} file(s) "
                            f"({dplan['bytes_to_send'] / 2**20:.1f} MiB), reuse {len(dplan['link'])}")
@@ -168,7 +201,28 @@ def make_plan(conn: Connection, host: HostConfig, profile: Profile) -> Plan:
         changes.append(f"switch current: {state.current or 'none'} -> {rid}; restart {host.unit_name}")
     plan.changes = changes
     plan.bytes_to_send = send
+    _check_room(conn, host, send)
     return plan
+
+
+LEDGER_ROOM = 64 << 20  # the ledger, the guard's records, manifests and bench files
+
+
+def _check_room(conn: Connection, host: HostConfig, bytes_to_send: int) -> None:
+    """Refuse before anything changes when the install root cannot take the release, the
+    ledger and the guard's records (a full disk mid-deploy tears records and releases)."""
+    root = host.install_root
+    res = conn.run(f"d={shlex.quote(str(root))}; while [ ! -d \"$d\" ]; do d=$(dirname \"$d\"); done; "
+                   f"df -P -B1 \"$d\" | awk 'NR==2 {{print $4}}'", check=False)
+    try:
+        free = int(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return  # no df on the host: the pre-checks report disk space
+    need = bytes_to_send + LEDGER_ROOM
+    if free < need:
+        raise HostError(f"{host.name}: {free / 2**20:.0f} MiB free under {root}, this deploy needs "
+                        f"{need / 2**20:.0f} MiB (release {bytes_to_send / 2**20:.0f} MiB + 64 MiB for the ledger "
+                        f"and the guard); nothing was changed", f"free space under {root} on the host, then deploy again")
 
 
 # --------------------------------------------------------------------------- stage / switch / ready
@@ -179,7 +233,8 @@ def stage(conn: Connection, inv: Inventory, plan: Plan, steps: Steps) -> tuple[P
     sync = None
     if plan.drafter is not None:
         t0 = steps.start("drafter", f"{plan.drafter.total_bytes / 2**20:.1f} MiB")
-        sync = sync_drafter(conn, host, host.drafter.source, plan.drafter, progress=steps.note)
+        sync = sync_drafter(conn, host, host.drafter.source, plan.drafter, progress=steps.note,
+                            full_verify=plan.verify_weights)
         steps.done("drafter", t0, f"{sync.bytes_sent} bytes sent, {sync.files_sent} file(s) sent, "
                    f"{sync.files_linked} reused", bytes_sent=sync.bytes_sent)
     with tempfile.TemporaryDirectory(prefix="opsctl-stage-") as tmp:
@@ -200,7 +255,7 @@ def stage(conn: Connection, inv: Inventory, plan: Plan, steps: Steps) -> tuple[P
             "opsctl_runtime_wheel": str(plan.runtime_wheel) if plan.runtime_wheel else "",
             "opsctl_drafter_digest": plan.drafter.digest if plan.drafter else "",
             "opsctl_loadgen_src": str(Path(__file__).resolve().parent / "bench" / "loadgen.py"),
-            "opsctl_secrets_file": str(s.secrets_file) if s.secrets_file and s.secrets_file.is_file() else "",
+            "opsctl_secrets_file": str(s.secrets_file) if s.secrets_file else "",
         }
         t0 = steps.start("prepare", "ansible playbook prepare.yml")
         play = run_playbook(inv, host, "prepare.yml", extravars, progress=steps.task)
@@ -216,13 +271,18 @@ def guard_unit(host: HostConfig) -> str:
     return f"opsctl-guard-{host.service_name}"
 
 
-def arm_guard(conn: Connection, host: HostConfig, previous: str, seconds: int) -> None:
+def arm_guard(conn: Connection, host: HostConfig, previous: str, seconds: int, expect: str | None = None) -> None:
     """A transient timer on the host that switches back to `previous` unless disarmed."""
     unit = guard_unit(host)
+    root = host.install_root
+    # it takes the host's deploy lock first (waits up to 15 min): a guard never switches inside
+    # another deploy (that deploy stops it, or re-arms its own); it acts only if `expect` is
+    # still live, and records itself under the inventory's host name
     conn.run(f"systemctl stop {unit}.timer {unit}.service >/dev/null 2>&1; systemctl reset-failed {unit}.timer "
              f"{unit}.service >/dev/null 2>&1; systemd-run --quiet --unit {unit} --on-active={seconds}s "
-             f"--timer-property=AccuracySec=1s {host.install_root}/bin/opsctl-switch {host.install_root} "
-             f"{host.service_name} {shlex.quote(previous)} guard-timeout", check=True)
+             f"--timer-property=AccuracySec=1s flock -w 900 {root}/.lock {root}/bin/opsctl-switch {root} "
+             f"{host.service_name} {shlex.quote(previous)} guard-timeout {shlex.quote(host.name)} "
+             f"{shlex.quote(expect or '')}", check=True)
 
 
 def disarm_guard(conn: Connection, host: HostConfig) -> None:
@@ -248,6 +308,9 @@ def stop_service(conn: Connection, host: HostConfig) -> None:
 READY_LINE = "The server is fired up and ready to roll!"
 
 
+_CAUSE_GREP = "address already in use|capture cuda graph failed|out of memory|cuda error|illegal memory|error|exception"
+
+
 def _probe_script(host: HostConfig, since: int) -> str:
     unit = host.unit_name
     url = f"http://127.0.0.1:{host.http_port}/health_generate"
@@ -260,7 +323,7 @@ def _probe_script(host: HostConfig, since: int) -> str:
             f"echo; journalctl -u {unit} --since @{since} -o cat --no-pager 2>/dev/null | "
             f"grep -c -e {shlex.quote(READY_LINE)} -e 'Capture cuda graph failed' -e 'Traceback' | tr -d '\\n'; echo; "
             f"journalctl -u {unit} --since @{since} -o cat --no-pager 2>/dev/null | "
-            f"grep -m1 -e 'Capture cuda graph failed' -e 'Error' -e 'error:' | cut -c1-300; echo; "
+            f"grep -i -E {shlex.quote(_CAUSE_GREP)} | head -n 60 | cut -c1-300 | tr '\\n' '\\036'; echo; "
             f"journalctl -u {unit} --since @{since} -o cat --no-pager 2>/dev/null | grep -c -F {shlex.quote(READY_LINE)}; "
             f"{host.host_python} -c {shlex.quote(py)}")
 
@@ -284,7 +347,10 @@ def wait_ready(conn: Connection, host: HostConfig, profile: Profile, since: int,
         props = dict(f.split("=", 1) for f in lines[0].split() if "=" in f)
         active, sub = props.get("ActiveState", ""), props.get("SubState", "")
         restarts, pid = props.get("NRestarts", "0"), props.get("MainPID", "0")
-        error_line = lines[2].strip()
+        from opsctl.journal import first_cause
+
+        cause = first_cause([c for c in lines[2].split("\x1e") if c.strip()])
+        error_line = cause[1] if cause else ""
         ready_lines = int(lines[3].strip() or 0) if lines[3].strip().isdigit() else 0
         code = lines[4].strip()
         if pid not in ("", "0"):
@@ -308,13 +374,17 @@ def wait_ready(conn: Connection, host: HostConfig, profile: Profile, since: int,
             return Ready(time.monotonic() - t0, pid)
         last = f"{active}/{sub}, ready line {'seen' if ready_lines else 'not seen'}, /health_generate {code or '-'}"
         if time.monotonic() > deadline:
-            raise _start_failed(host, f"not ready after {profile.readiness_timeout_s}s ({last})", steps, t0)
+            raise _start_failed(host, f"not ready within {profile.readiness_timeout_s} s: the server was still "
+                                f"starting ({last})" + (f"; last error line: {error_line}" if error_line else ""),
+                                steps, t0, timed_out=True)
         time.sleep(1.0)
 
 
-def _start_failed(host: HostConfig, reason: str, steps: Steps, t0: float) -> DeployFailed:
+def _start_failed(host: HostConfig, reason: str, steps: Steps, t0: float, *, timed_out: bool = False) -> DeployFailed:
     steps.done("ready", t0, reason, status="fail")
-    return DeployFailed(f"{host.name}: start failed: {reason}", "see 'journalctl -u " + host.unit_name + "' on the host")
+    fix = (f"raise readiness_timeout_s for the profile if the model needs longer to load, or see 'journalctl -u "
+           f"{host.unit_name}' on the host" if timed_out else f"see 'journalctl -u {host.unit_name}' on the host")
+    return DeployFailed(f"{host.name}: start failed: {reason}", fix, details={"timed_out": timed_out})
 
 
 # --------------------------------------------------------------------------- gates (validation, bench)
@@ -356,7 +426,8 @@ class DeployOutcome:
 
 def deploy(inventory: str | Path | Inventory, profile_name: str, budget: int | None = None, *,
            limit: str | None = None, dry_run: bool = False, gates: bool = True, pre_checks: bool = True,
-           progress: Progress | None = None, confirm: Callable[[Plan], bool] | None = None) -> list[DeployOutcome]:
+           progress: Progress | None = None, confirm: Callable[[Plan], bool] | None = None,
+           verify_weights: bool = False) -> list[DeployOutcome]:
     """Deploy PROFILE to each selected host, host by host, stopping at the first failure."""
     inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
     hosts = inv.select(limit)
@@ -365,17 +436,19 @@ def deploy(inventory: str | Path | Inventory, profile_name: str, budget: int | N
     with BRAKE.engaged(on_note=lambda m: (progress or _noop)({"event": "note", "host": "opsctl", "message": m})):
         for host in hosts:
             outcomes.append(_deploy_one(inv, host, profiles[host.name], dry_run=dry_run, gates=gates,
-                                        pre_checks=pre_checks, progress=progress, confirm=confirm))
+                                        pre_checks=pre_checks, progress=progress, confirm=confirm,
+                                        verify_weights=verify_weights))
     return outcomes
 
 
 def _deploy_one(inv: Inventory, host: HostConfig, profile: Profile, *, dry_run: bool, gates: bool, pre_checks: bool,
-                progress: Progress | None, confirm: Callable[[Plan], bool] | None) -> DeployOutcome:
+                progress: Progress | None, confirm: Callable[[Plan], bool] | None,
+                verify_weights: bool = False) -> DeployOutcome:
     steps = Steps(progress, host.name)
     conn = connect(host)
     try:
         t0 = steps.start("plan", f"{profile.label} on {host.name}")
-        plan = make_plan(conn, host, profile)
+        plan = make_plan(conn, host, profile, verify_weights=verify_weights)
         if gates and profile.speculative and not dry_run:
             from opsctl import gating
 
@@ -392,7 +465,7 @@ def _deploy_one(inv: Inventory, host: HostConfig, profile: Profile, *, dry_run: 
             raise ConfigError("deploy not confirmed", "re-run with --yes to skip the question")
         with HostLock(conn, host, f"deploy {profile.label}"):
             # the state may have moved while we planned; plan again under the lock
-            plan = make_plan(conn, host, profile)
+            plan = make_plan(conn, host, profile, verify_weights=verify_weights)
             try:
                 return _apply(conn, inv, host, profile, plan, steps, gates, checks=pre_checks)
             except Interrupted as exc:
@@ -458,7 +531,8 @@ def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile,
                                        "to_release": plan.release, "fallback": fallback, "profile": profile.name,
                                        "budget": profile.budget})
             if fallback:
-                arm_guard(conn, host, fallback, host.settings.guard_s or profile.readiness_timeout_s + 1800)
+                arm_guard(conn, host, fallback, host.settings.guard_s or profile.readiness_timeout_s + 1800,
+                          expect=plan.release)
             t0 = steps.start("switch", f"{previous or 'none'} -> {plan.release}")
             since = switch(conn, host, plan.release)
             switched = True
@@ -516,6 +590,7 @@ def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile,
     return DeployOutcome(host.name, plan.release, "promoted", plan.as_dict(), details)
 
 
+_SPECIFIC_START_FAILURES = ("startup.capture_failed", "startup.cuda_oom", "capture.verify_width")
 _DIAGNOSIS_ORDER = ("startup.capture_failed", "startup.cuda_oom", "capture.verify_width", "startup.errors",
                     "capture.complete", "capture.expected_graphs", "startup.restarts")
 
@@ -530,14 +605,20 @@ def _with_start_diagnosis(conn: Connection, host: HostConfig, profile: Profile, 
         failed = [f for f in validate.validate_startup(parsed, profile) if not f.ok]
     except OpsctlError:
         return exc
+    if exc.details.get("timed_out"):
+        # a slow start has no capture yet: "capture did not run" would name the wrong cause
+        failed = [f for f in failed if f.check in _SPECIFIC_START_FAILURES]
     if not failed:
         return exc
     failed.sort(key=lambda f: _DIAGNOSIS_ORDER.index(f.check) if f.check in _DIAGNOSIS_ORDER else 99)
     steps.progress({"event": "findings", "host": host.name, "step": "ready",
                     "findings": [f.model_dump() for f in failed]})
     top = failed[0]
-    return DeployFailed(f"{exc.problem}; {top.check}: {top.diagnosis}", top.fix or exc.fix,
-                        details={**exc.details, "findings": [f.model_dump() for f in failed]})
+    details = {**exc.details, "findings": [f.model_dump() for f in failed]}
+    if top.check not in _SPECIFIC_START_FAILURES:
+        # the probe's cause line (port in use, the crash line) already names what happened
+        return DeployFailed(exc.problem, exc.fix, details=details)
+    return DeployFailed(f"{exc.problem}; {top.check}: {top.diagnosis}", top.fix or exc.fix, details=details)
 
 
 def fallback_release(state: HostState, host: HostConfig, exclude: str | None) -> str | None:
@@ -694,12 +775,16 @@ def status(inventory: str | Path | Inventory, *, limit: str | None = None) -> li
                                                                   "from_release", "signal", "who")}
                                   if unfinished else None),
             "last_good": state.last_good(),
+            "ledger_problems": state.ledger_errors,
             "releases": sorted(state.releases), "baseline": state.baseline(host.baseline_profile),
         })
     return out
 
 
-def history(inventory: str | Path | Inventory, *, limit: str | None = None, last: int | None = None) -> list[dict]:
+def history(inventory: str | Path | Inventory, *, limit: str | None = None, last: int | None = None,
+            problems: list[str] | None = None) -> list[dict]:
+    """The ledger records of each selected host (the last N of each); lines that are not
+    records are skipped and, when `problems` is given, reported there with their line."""
     if last is not None and last < 1:
         raise ConfigError(f"--last {last}: the number of records must be at least 1", "e.g. --last 10, or leave it out for all")
     inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
@@ -712,6 +797,8 @@ def history(inventory: str | Path | Inventory, *, limit: str | None = None, last
             conn.close()
         recs = state.ledger[-last:] if last else state.ledger
         out.extend(recs)
+        if problems is not None:
+            problems.extend(f"{host.name}: ledger {p} (skipped)" for p in state.ledger_errors)
     return out
 
 

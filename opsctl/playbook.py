@@ -130,7 +130,8 @@ def run_playbook(inventory: Inventory, host: HostConfig, playbook: str, extravar
             return PlayResult(playbook, -1, "canceled", 0, 0, 0, 0, steps, time.monotonic() - t0)
     if not result.succeeded:
         bad = next((s for s in steps if s.status in ("failed", "unreachable")), None)
-        if bad and bad.status == "unreachable" or result.unreachable:
+        if bad and bad.status == "unreachable" or result.unreachable or not _reachable(host):
+            # a connection lost mid-loop surfaces as a failed item ("All items completed"): ask the host
             raise HostError(f"host {host.name} ({host.ssh.address}) became unreachable over SSH"
                             + (f": {bad.message}" if bad and bad.message else ""),
                             "check the address/key in the inventory" +
@@ -142,15 +143,39 @@ def run_playbook(inventory: Inventory, host: HostConfig, playbook: str, extravar
     return result
 
 
+def _reachable(host: HostConfig) -> bool:
+    import socket
+
+    try:
+        socket.create_connection((host.ssh.address, host.ssh.port), timeout=3).close()
+        return True
+    except OSError:
+        return False
+
+
+def _dies_with_us(work: Path) -> str | None:
+    """ansible-playbook behind setpriv --pdeathsig: it ends when opsctl does, also on kill -9
+    (a staging child must not run on without the deploy lock). None where setpriv lacks it."""
+    setpriv = shutil.which("setpriv")
+    real = shutil.which("ansible-playbook", path=_ansible_bin_dir())
+    if not setpriv or not real:
+        return None
+    wrapper = work / "ansible-playbook"
+    wrapper.write_text(f"#!/bin/sh\nexec {setpriv} --pdeathsig TERM {real} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
 def _run(ansible_runner, work: Path, pb: Path, inventory: Inventory, host: HostConfig, extravars: dict,
          envvars: dict, on_event, timeout_s: int, steps: list[PlayStep], t0: float) -> PlayResult | None:
     playbook = pb.name
+    binary = _dies_with_us(work)
     try:
         runner = ansible_runner.run(
             private_data_dir=str(work), playbook=str(pb), inventory=str(inventory.path.resolve()),
             limit=host.name, extravars=extravars, envvars=envvars, quiet=True, event_handler=on_event,
             timeout=timeout_s, json_mode=False, cancel_callback=lambda: BRAKE.requested,
-            settings={"pexpect_timeout": 0.25},
+            settings={"pexpect_timeout": 0.25}, **({"binary": binary} if binary else {}),
         )
         if runner.status == "canceled":
             return None

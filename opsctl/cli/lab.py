@@ -41,6 +41,7 @@ def up(json_out: bool = JsonOpt,
     from opsctl.lab import holder
 
     _output.set_json(json_out)
+    lab.require_root()
     with holder.session_lock("bring the lab up"):
         current = holder.read_holder()
         if holder.held_by_other(current) and lab.status().running:
@@ -70,6 +71,7 @@ def down(json_out: bool = JsonOpt,
     from opsctl.lab import holder
 
     _output.set_json(json_out)
+    lab.require_root()
     with holder.session_lock("take the lab down"):
         holder.check_may_take_down(force)
         left = lab.down(say=_say)
