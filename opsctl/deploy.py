@@ -578,6 +578,9 @@ def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile,
         if not switched:
             raise
         reason = exc.problem
+        crash = _crash_cause(conn, host, since) if "start failed" not in reason else None
+        if crash and crash not in reason:
+            reason = f"{reason}; the server logged: {crash}"
         with BRAKE.shielded(f"rolling back to {fallback or 'nothing (stopping the service)'}"):
             back = _roll_back_after_failure(conn, host, plan, fallback, reason, exc, steps)
         raise DeployFailed(f"{reason}; {back}", exc.fix, details={**exc.details, **details}) from None
@@ -619,6 +622,20 @@ def _with_start_diagnosis(conn: Connection, host: HostConfig, profile: Profile, 
         # the probe's cause line (port in use, the crash line) already names what happened
         return DeployFailed(exc.problem, exc.fix, details=details)
     return DeployFailed(f"{exc.problem}; {top.check}: {top.diagnosis}", top.fix or exc.fix, details=details)
+
+
+def _crash_cause(conn: Connection, host: HostConfig, since: int) -> str | None:
+    """The most specific failure line this release's server logged since the switch (a gate
+    that failed because the server crashed names the crash, not only its symptom)."""
+    from opsctl.journal import first_cause
+
+    try:
+        res = conn.run(f"journalctl -u {host.unit_name} --since @{since} -o cat --no-pager 2>/dev/null | "
+                       f"grep -i -E {shlex.quote(_CAUSE_GREP)} | head -n 200", check=False, timeout=60)
+    except OpsctlError:
+        return None  # the rollback matters more than the diagnosis
+    cause = first_cause(res.stdout.splitlines())
+    return cause[1] if cause and cause[0] != "error" else None
 
 
 def fallback_release(state: HostState, host: HostConfig, exclude: str | None) -> str | None:
