@@ -154,28 +154,33 @@ def _reachable(host: HostConfig) -> bool:
 
 
 def _dies_with_us(work: Path) -> str | None:
-    """ansible-playbook behind setpriv --pdeathsig: it ends when opsctl does, also on kill -9
-    (a staging child must not run on without the deploy lock). None where setpriv lacks it."""
+    """A directory to put first on PATH holding an `ansible-playbook` that runs the real one
+    behind setpriv --pdeathsig: it ends when opsctl does, also on kill -9 (a staging child
+    must not run on without the deploy lock). None where setpriv is missing."""
     setpriv = shutil.which("setpriv")
     real = shutil.which("ansible-playbook", path=_ansible_bin_dir())
     if not setpriv or not real:
         return None
-    wrapper = work / "ansible-playbook"
+    d = work / "bin"
+    d.mkdir(exist_ok=True)
+    wrapper = d / "ansible-playbook"
     wrapper.write_text(f"#!/bin/sh\nexec {setpriv} --pdeathsig TERM {real} \"$@\"\n")
     wrapper.chmod(0o755)
-    return str(wrapper)
+    return str(d)
 
 
 def _run(ansible_runner, work: Path, pb: Path, inventory: Inventory, host: HostConfig, extravars: dict,
          envvars: dict, on_event, timeout_s: int, steps: list[PlayStep], t0: float) -> PlayResult | None:
     playbook = pb.name
-    binary = _dies_with_us(work)
+    first = _dies_with_us(work)
+    if first:
+        envvars = {**envvars, "PATH": first + os.pathsep + envvars["PATH"]}
     try:
         runner = ansible_runner.run(
             private_data_dir=str(work), playbook=str(pb), inventory=str(inventory.path.resolve()),
             limit=host.name, extravars=extravars, envvars=envvars, quiet=True, event_handler=on_event,
             timeout=timeout_s, json_mode=False, cancel_callback=lambda: BRAKE.requested,
-            settings={"pexpect_timeout": 0.25}, **({"binary": binary} if binary else {}),
+            settings={"pexpect_timeout": 0.25},
         )
         if runner.status == "canceled":
             return None
