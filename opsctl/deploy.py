@@ -432,6 +432,11 @@ def deploy(inventory: str | Path | Inventory, profile_name: str, budget: int | N
     inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
     hosts = inv.select(limit)
     profiles = {h.name: h.profile(profile_name, budget) for h in hosts}  # all bad input before any host I/O
+    if gates and not dry_run:
+        from opsctl.bench.workloads import WorkloadSet
+
+        for h in hosts:  # a malformed workload file is bad input: found before anything is deployed
+            WorkloadSet.load(h.gate_policy().workloads)
     outcomes = []
     with BRAKE.engaged(on_note=lambda m: (progress or _noop)({"event": "note", "host": "opsctl", "message": m})):
         for host in hosts:
