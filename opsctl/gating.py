@@ -170,32 +170,56 @@ def validate_live(inv: Inventory, limit: str | None) -> list[Finding]:
 # --------------------------------------------------------------------------- benchmark gate
 
 
-def baseline_paths(host: HostConfig, profile_name: str) -> tuple[str, str]:
+def _mix_slug(policy) -> str:
+    import hashlib
+
+    from opsctl.bench.workloads import mix_key
+
+    return hashlib.sha256(mix_key(policy.workloads).encode()).hexdigest()[:10]
+
+
+def baseline_paths(host: HostConfig, profile_name: str, policy=None) -> tuple[str, str]:
+    """(the bench run, the greedy canary) of the baseline profile. Runs are stored per
+    workload mix (a candidate is compared on the same requests); the canary is per profile."""
     base = f"{host.install_root}/baselines/{host.model.name}"
-    return f"{base}/{profile_name}.jsonl", f"{base}/{profile_name}.canary.json"
+    policy = policy or host.gate_policy()
+    return f"{base}/{profile_name}.{_mix_slug(policy)}.jsonl", f"{base}/{profile_name}.canary.json"
 
 
-def has_baseline(conn: Connection, host: HostConfig) -> bool:
-    run_path, canary_path = baseline_paths(host, host.baseline_profile)
+def has_baseline(conn: Connection, host: HostConfig, policy=None) -> bool:
+    run_path, canary_path = baseline_paths(host, host.baseline_profile, policy)
     return conn.run(f"test -s {run_path} && test -s {canary_path}", check=False).ok
 
 
 def require_baseline(conn: Connection, host: HostConfig, policy=None) -> None:
     """A speculative release is judged against the host's baseline, measured on the same
     workload mix: without one, stop before touching anything and say how to make it."""
-    if not has_baseline(conn, host):
-        raise ConfigError(f"no {host.baseline_profile} baseline for {host.model.name} on {host.name}: a speculative "
-                          "release is judged against the autoregressive baseline",
-                          f"deploy the baseline first ('opsctl deploy {host.baseline_profile}' stores its numbers "
-                          "the first time), or refresh it with 'opsctl bench --save-baseline' while it is live")
+    from opsctl.bench.workloads import mix_key
+
     policy = policy or host.gate_policy()
-    run_path, _ = baseline_paths(host, host.baseline_profile)
-    head = conn.run(f"head -n 1 {run_path}", check=False).stdout
-    try:
-        meta = json.loads(head) if head.strip().startswith("{") else {}
-    except ValueError:
-        meta = {}
-    check_baseline_mix(meta if meta.get("record") == "meta" else {}, policy, host)
+    if has_baseline(conn, host, policy):
+        return
+    base = f"{host.install_root}/baselines/{host.model.name}"
+    others = conn.run(f"for f in {base}/{host.baseline_profile}*.jsonl; do [ -s \"$f\" ] && head -n 1 \"$f\"; done; "
+                      f"true", check=False).stdout
+    mixes = []
+    for line in others.splitlines():
+        try:
+            meta = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(meta, dict) and meta.get("record") == "meta":
+            mixes.append(meta.get("workload_mix") or "random token ids")
+    if mixes:
+        raise ConfigError(f"the stored {host.baseline_profile} baseline on {host.name} was measured on "
+                          f"{' and '.join(sorted(set(mixes)))}; the gate measures on {mix_key(policy.workloads)}: a "
+                          "release is only compared on the same requests",
+                          f"with {host.baseline_profile} live, run 'opsctl bench --save-baseline' with this inventory "
+                          "(same workload mix as the gate policy), then deploy again")
+    raise ConfigError(f"no {host.baseline_profile} baseline for {host.model.name} on {host.name}: a speculative "
+                      "release is judged against the autoregressive baseline",
+                      f"deploy the baseline first ('opsctl deploy {host.baseline_profile}' stores its numbers "
+                      "the first time), or refresh it with 'opsctl bench --save-baseline' while it is live")
 
 
 def check_baseline_mix(baseline_meta: dict, policy, host: HostConfig) -> None:
@@ -353,10 +377,10 @@ def measure_via_tunnel(host: HostConfig, policy, *, progress=None, meta: dict | 
     return from_records(records, meta={"host": host.name, "via": "ssh-tunnel", **(meta or {})})
 
 
-def save_baseline(conn: Connection, host: HostConfig, profile_name: str, run) -> str:
+def save_baseline(conn: Connection, host: HostConfig, profile_name: str, run, policy=None) -> str:
     from opsctl.bench.results import write_jsonl
 
-    run_path, canary_path = baseline_paths(host, profile_name)
+    run_path, canary_path = baseline_paths(host, profile_name, policy)
     if run.canary is None or not run.canary.outputs:
         raise CheckFailed("the baseline bench produced no greedy canary outputs",
                           "check the server's /generate answers at temperature 0, then bench again")
@@ -369,11 +393,11 @@ def save_baseline(conn: Connection, host: HostConfig, profile_name: str, run) ->
     return run_path
 
 
-def load_baseline(conn: Connection, host: HostConfig):
-    run_path, _ = baseline_paths(host, host.baseline_profile)
+def load_baseline(conn: Connection, host: HostConfig, policy=None):
+    run_path, _ = baseline_paths(host, host.baseline_profile, policy)
     res = conn.run(f"cat {run_path}", check=False)
     if not res.ok:
-        require_baseline(conn, host)
+        require_baseline(conn, host, policy)
     return run_from_text(res.stdout, source=f"{host.name}:{run_path}")
 
 
@@ -395,16 +419,16 @@ def bench_and_judge(conn: Connection, host: HostConfig, profile: Profile, releas
     t0 = steps.start("bench", f"levels {','.join(map(str, policy.concurrency))}, {policy.repeats} repeat(s)")
     meta = {"release": release, "profile": profile.label, "kind": profile.kind}
     is_baseline_kind = profile.kind == "autoregressive"
-    if is_baseline_kind and profile.name == host.baseline_profile and not has_baseline(conn, host):
+    if is_baseline_kind and profile.name == host.baseline_profile and not has_baseline(conn, host, policy):
         run = measure(conn, host, policy, make_canary=True, meta=meta)
-        path = save_baseline(conn, host, profile.name, run)
+        path = save_baseline(conn, host, profile.name, run, policy)
         _store_release_bench(conn, host, release, run)
         steps.done("bench", t0, f"no baseline yet: stored this run as the {profile.name} baseline ({path})")
         rec = _verdict_record(conn, host, release, profile, "pass", [], [f"stored as the baseline ({path})"],
                               run_summary=_summary(run))
         return _outcome(True, "", rec)
-    _, canary_path = baseline_paths(host, host.baseline_profile)
-    baseline = load_baseline(conn, host)
+    _, canary_path = baseline_paths(host, host.baseline_profile, policy)
+    baseline = load_baseline(conn, host, policy)
     check_baseline_mix(baseline.meta, policy, host)
     if is_baseline_kind:
         # a baseline-kind release is held to "no regression", not to a speedup
@@ -437,7 +461,9 @@ def _row(r) -> dict:
     return {"C": r.concurrency, "baseline tok/s": f(r.baseline_tok_s, "%.1f"), "release tok/s": f(r.candidate_tok_s, "%.1f"),
             "delta": f(r.delta_pct, "%+.1f%%"), "ITL p50 base": f(r.baseline_itl_p50_ms, "%.2f ms"),
             "ITL p50 rel": f(r.candidate_itl_p50_ms, "%.2f ms"), "accept": f(r.accept_length, "%.2f"),
-            "errors": r.errors, "status": r.why or r.status}
+            "errors": r.errors,
+            "CI": (f"[{r.low_pct:+.1f}, {r.high_pct:+.1f}] % n={r.samples}" if r.low_pct is not None else "-"),
+            "status": r.why or r.status}
 
 
 def _summary(run) -> list[dict]:
@@ -496,7 +522,7 @@ def bench_live(inv: Inventory, *, limit: str | None = None, overrides: dict | No
                                       f"{host.baseline_profile}", f"deploy {host.baseline_profile} first, then "
                                       "run 'opsctl bench --save-baseline'")
                 run = measure(conn, host, policy, make_canary=True, progress=progress, meta=meta)
-                path = save_baseline(conn, host, profile.name, run)
+                path = save_baseline(conn, host, profile.name, run, policy)
                 append_ledger(conn, host, {"action": "baseline", "result": "ok", "release": cur.id,
                                            "profile": profile.name, "reason": f"baseline saved to {path}",
                                            "summary": _summary(run)})

@@ -95,6 +95,9 @@ def plot_png(run: BenchRun, path: str | Path, baseline: BenchRun | None = None, 
             for x, y in acc:
                 ax_acc.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(0, 5), fontsize=7,
                                 ha="center", color=color)
+    for name, pts in per_workload_accept(run).items():
+        any_accept = True
+        ax_acc.plot([c for c, _ in pts], [a for _, a in pts], ":", marker=".", label=f"{name} (release)")
     policy = (verdict.policy or {}) if verdict is not None else {}
     if verdict is not None and baseline is not None and "max_regression" in policy:
         bm = baseline.median().levels
@@ -131,6 +134,44 @@ def plot_png(run: BenchRun, path: str | Path, baseline: BenchRun | None = None, 
     fig.tight_layout()
     fig.savefig(p, format="png", dpi=PLOT_DPI)
     return p
+
+
+def per_workload_accept(run: BenchRun) -> dict[str, list[tuple[int, float]]]:
+    """{workload: [(level, accept length), ...]} from the run's request samples."""
+    from opsctl import confidence as cf
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for c in run.concurrencies():
+        samples = cf.samples_of(run.at(c))
+        for name in sorted({s.workload for s in samples if s.workload}):
+            acc = cf.accept_length(samples, name)
+            if acc is not None:
+                out.setdefault(name, []).append((c, acc))
+    return out
+
+
+def workload_rows(run: BenchRun, baseline: BenchRun | None, verdict: Verdict | None) -> list[list[str]]:
+    """Per level and workload: requests, mean request tok/s, speedup with its interval, accept
+    length against the baseline's: where a release wins and where it loses."""
+    from opsctl import confidence as cf
+
+    rows = []
+    by_level = {r.concurrency: r for r in (verdict.rows if verdict else [])}
+    for c in run.concurrencies():
+        cs = cf.samples_of(run.at(c))
+        bs = cf.samples_of(baseline.at(c)) if baseline is not None else []
+        for name in sorted({s.workload for s in cs if s.workload}):
+            rc = cf.rates(cs, name)
+            w = by_level.get(c).workloads.get(name, {}) if c in by_level else {}
+            iv = cf.speedup_interval(rc, cf.rates(bs, name)) if bs else None
+            rows.append([str(c), name, str(len(rc)), _fmt(sum(rc) / len(rc) if rc else None, "%.1f"),
+                         iv.pct() if iv else "-", _fmt(cf.accept_length(cs, name), "%.2f"),
+                         _fmt(cf.accept_length(bs, name), "%.2f") if bs else "-", str(w.get("status", "-"))])
+    return rows
+
+
+WORKLOAD_HEAD = ["C", "workload", "requests", "request tok/s", "speedup (CI)", "accept len", "baseline accept",
+                 "judged"]
 
 
 # --------------------------------------------------------------------------- Markdown / HTML
@@ -176,6 +217,11 @@ def markdown(run: BenchRun, baseline: BenchRun | None = None, verdict: Verdict |
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "|".join(" --- " for _ in head) + "|")
     lines += ["| " + " | ".join(r) + " |" for r in rows]
+    wrows = workload_rows(run, baseline, verdict)
+    if wrows:
+        lines += ["", "Per workload (where the release wins and where it loses):", "",
+                  "| " + " | ".join(WORKLOAD_HEAD) + " |", "|" + "|".join(" --- " for _ in WORKLOAD_HEAD) + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in wrows]
     if run.canary is not None:
         c = run.canary
         lines.append("")
@@ -214,6 +260,11 @@ def html(run: BenchRun, baseline: BenchRun | None = None, verdict: Verdict | Non
         cls = r[-1].split(" ")[0] if r[-1].split(" ")[0] in ("pass", "marginal", "fail") else ""
         parts.append(f"<tr class='{cls}'>" + "".join(f"<td>{e(x)}</td>" for x in r) + "</tr>")
     parts.append("</table>")
+    wrows = workload_rows(run, baseline, verdict)
+    if wrows:
+        parts.append("<h2>Per workload</h2><table><tr>" + "".join(f"<th>{e(h)}</th>" for h in WORKLOAD_HEAD) + "</tr>")
+        parts += ["<tr>" + "".join(f"<td>{e(x)}</td>" for x in r) + "</tr>" for r in wrows]
+        parts.append("</table>")
     if plot_name:
         parts.append(f"<p><img src='{e(plot_name)}' alt='throughput and ITL vs concurrency'></p>")
     parts.append("</body></html>")
