@@ -448,7 +448,7 @@ def deploy(inventory: str | Path | Inventory, profile_name: str, budget: int | N
 
 def _deploy_one(inv: Inventory, host: HostConfig, profile: Profile, *, dry_run: bool, gates: bool, pre_checks: bool,
                 progress: Progress | None, confirm: Callable[[Plan], bool] | None,
-                verify_weights: bool = False) -> DeployOutcome:
+                verify_weights: bool = False, trial: Callable | None = None) -> DeployOutcome:
     steps = Steps(progress, host.name)
     conn = connect(host)
     try:
@@ -472,7 +472,8 @@ def _deploy_one(inv: Inventory, host: HostConfig, profile: Profile, *, dry_run: 
             # the state may have moved while we planned; plan again under the lock
             plan = make_plan(conn, host, profile, verify_weights=verify_weights)
             try:
-                return _apply(conn, inv, host, profile, plan, steps, gates, checks=pre_checks)
+                return _apply(conn, inv, host, profile, plan, steps, gates, checks=pre_checks and trial is None,
+                              trial=trial)
             except Interrupted as exc:
                 if exc.details.get("switched"):
                     raise
@@ -513,10 +514,10 @@ def _interrupted_before_switch(conn: Connection, host: HostConfig, plan: Plan, s
 
 
 def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile, plan: Plan, steps: Steps,
-           gates: bool, *, checks: bool = True) -> DeployOutcome:
+           gates: bool, *, checks: bool = True, trial: Callable | None = None) -> DeployOutcome:
     play, sync = stage(conn, inv, plan, steps)
     details = {"ansible_changed": play.changed, "drafter_bytes_sent": sync.bytes_sent if sync else 0}
-    if plan.is_live and plan.state.judged(plan.release):
+    if plan.is_live and plan.state.judged(plan.release) and trial is None:
         append_ledger(conn, host, {"action": "deploy", "result": "unchanged", "from_release": plan.release,
                                    "to_release": plan.release, "profile": profile.name, "budget": profile.budget,
                                    "reason": "already live", "ansible_changed": play.changed,
@@ -553,6 +554,17 @@ def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile,
             if not outcome.ok:
                 raise DeployFailed(f"{host.name}: validation failed: {outcome.reason}", "see the findings above",
                                    details={"findings": outcome.record.get("findings")})
+        if trial is not None:
+            # a trial (opsctl tune): measured, never promoted; the guard stays armed until the
+            # caller restores what served before
+            details["trial"] = trial(conn, host, plan, steps)
+            with BRAKE.held():
+                append_ledger(conn, host, {"action": "deploy", "result": "trial", "from_release": previous,
+                                           "to_release": plan.release, "profile": profile.name,
+                                           "budget": profile.budget, "trial": True,
+                                           "summary": details["trial"].get("summary")})
+            return DeployOutcome(host.name, plan.release, "trial", plan.as_dict(), details)
+        if gates:
             outcome = run_bench_gate(conn, host, profile, plan, steps)
             details["verdict"] = outcome.record
             if not outcome.ok:
