@@ -26,7 +26,7 @@ from opsctl.brake import BRAKE, Interrupted
 from opsctl.artifacts import (DrafterManifest, SyncResult, drafter_manifest, plan_drafter, runtime_wheel,
                               sha256_file, sync_drafter)
 from opsctl.config import HostConfig, Inventory, Profile, load_inventory
-from opsctl.errors import ConfigError, DeployFailed, OpsctlError
+from opsctl.errors import ConfigError, DeployFailed, HostError, OpsctlError
 from opsctl.hosts import Connection, connect
 from opsctl.playbook import PlayResult, PlayStep, run_playbook
 from opsctl.releases import HostLock, HostState, ReleaseInfo, append_ledger, now_iso, read_state, release_id, who

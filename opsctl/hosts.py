@@ -192,13 +192,23 @@ class SSHConnection:
                 if busy:
                     continue
                 if chan.exit_status_ready():
-                    while chan.recv_ready():
-                        out += chan.recv(65536)
-                    while chan.recv_stderr_ready():
-                        chunk = chan.recv_stderr(65536)
-                        err += chunk
-                        if err_lines:
-                            err_lines.write(chunk.decode(errors="replace"))
+                    # sshd may send the exit status before the last output: read both streams to EOF
+                    chan.settimeout(30)
+                    try:
+                        while True:
+                            data = chan.recv(65536)
+                            if not data:
+                                break
+                            out += data
+                        while True:
+                            chunk = chan.recv_stderr(65536)
+                            if not chunk:
+                                break
+                            err += chunk
+                            if err_lines:
+                                err_lines.write(chunk.decode(errors="replace"))
+                    except socket.timeout:
+                        pass  # a child that keeps the channel open (a daemon): what came is what we have
                     break
                 if timeout and time.monotonic() - start > timeout:
                     chan.close()
