@@ -98,7 +98,7 @@ def truth_lab(clean_lab, tmp_path_factory):
     inv = tmp_path_factory.mktemp("inv") / "inv"
     shutil.copytree(clean_lab.inventory_dir, inv)
     gv = inv / "group_vars/all.yml"
-    gv.write_text(gv.read_text().replace("  keep_releases: 5", "  keep_releases: 8\n  guard_s: 25"))
+    gv.write_text(gv.read_text().replace("  keep_releases: 5", "  keep_releases: 8\n  guard_s: 15"))
     p = opsctl("deploy", "ar-tp8", "--yes", "--skip-checks", inv=inv)
     assert p.returncode == 0, p.stdout + p.stderr
     clean_lab.inv = inv
@@ -141,18 +141,22 @@ def test_controller_killed_after_the_switch(truth_lab, step):
     assert st["deploy_in_progress_or_interrupted"] is True
     assert st["last_verdict"] is None or st["last_verdict"]["release"] == st["release"]
     assert st["last_good"] == truth_lab.baseline
-    # the guard (25 s) puts the last good release back by itself, under the inventory's host name
+    # the guard (15 s) puts the last good release back by itself, under the inventory's host name
     back_on_baseline(truth_lab)
     rec = [r for r in ledger(truth_lab) if r.get("reason") == "guard-timeout"][-1]
     assert rec["host"] == "lab" and rec["to_release"] == truth_lab.baseline
 
 
-def test_rerunning_a_deploy_whose_release_is_live_but_unjudged_judges_it(truth_lab):
+def test_rerunning_a_deploy_whose_release_is_live_but_unjudged_judges_it(truth_lab, tmp_path):
+    inv = tmp_path / "inv"  # a guard long enough that the re-run, not the guard, meets the unjudged release
+    shutil.copytree(truth_lab.inv, inv)
+    gv = inv / "group_vars/all.yml"
+    gv.write_text(gv.read_text().replace("guard_s: 15", "guard_s: 300"))
     with truth_lab.fault("slow_start", load_s=8, algorithm="DDTREE"):
-        c = Controller("ddtree", "--budget", "5", *FAST, inv=truth_lab.inv)
+        c = Controller("ddtree", "--budget", "5", *FAST, inv=inv)
         c.kill_at("] ready      ...")
     assert live(truth_lab)["current"].startswith("ddtree-b5-")
-    p = opsctl("deploy", "ddtree", "--budget", "5", "--json", *FAST, inv=truth_lab.inv)
+    p = opsctl("deploy", "ddtree", "--budget", "5", "--json", *FAST, inv=inv)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout.splitlines()[-1])["outcomes"][0]
     assert out["result"] == "promoted"  # not "unchanged"
@@ -185,11 +189,11 @@ def test_the_guard_waits_for_the_host_lock(truth_lab):
     with truth_lab.fault("slow_start", load_s=90, algorithm="DDTREE"):
         c = Controller("ddtree", "--budget", "8", *FAST, inv=truth_lab.inv)
         c.kill_at("] ready      ...")
-        # another operator's command holds the host lock past the guard's 25 s
-        holder = subprocess.Popen(truth_lab.ssh_argv(f"flock {ROOT}/.lock sleep 40"), stdout=subprocess.DEVNULL,
+        # another operator's command holds the host lock past the guard's 15 s
+        holder = subprocess.Popen(truth_lab.ssh_argv(f"flock {ROOT}/.lock sleep 30"), stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)
         try:
-            time.sleep(32)
+            time.sleep(22)
             assert live(truth_lab)["current"].startswith("ddtree-b8-")  # the guard waits, it does not cut in
         finally:
             holder.wait(60)
