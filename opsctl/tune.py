@@ -17,6 +17,7 @@ are unit tested; `tune()` does the I/O.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -43,9 +44,12 @@ class TrialResult:
     release: str | None
     status: str                  # measured | failed: <why> | skipped (early stop) | interrupted
     levels: dict[int, LevelResult] = field(default_factory=dict)
+    deploy_s: float = 0.0        # plan, stage, switch, ready, validate
+    bench_s: float = 0.0
 
     def as_dict(self) -> dict:
         return {"budget": self.budget, "release": self.release, "status": self.status,
+                "deploy_s": round(self.deploy_s, 1), "bench_s": round(self.bench_s, 1),
                 "levels": {str(c): vars(lv) for c, lv in self.levels.items()}}
 
 
@@ -61,13 +65,15 @@ class TuneResult:
     recommendation: int | None   # one budget for the objective, or None: keep the baseline
     reason: str
     restored: str | None = None
+    restore_s: float = 0.0
     report: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {"host": self.host, "profile": self.profile, "levels": self.levels,
                 "baseline_tok_s": self.baseline_tok_s, "trials": [t.as_dict() for t in self.trials],
                 "best": self.best, "schedule": self.schedule, "recommendation": self.recommendation,
-                "reason": self.reason, "restored": self.restored, "report": self.report}
+                "reason": self.reason, "restored": self.restored, "restore_s": round(self.restore_s, 1),
+                "report": self.report}
 
 
 def parse_budgets(text: str) -> list[int]:
@@ -206,25 +212,33 @@ def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None,
                                                        "in a row)"))
                     continue
 
-                def bench(conn, host_, plan, steps_, b=b):
+                timing = {"bench_s": 0.0}
+
+                def bench(conn, host_, plan, steps_, b=b, timing=timing):
+                    tb = time.monotonic()
                     t0 = steps_.start("bench", f"trial budget {b}: levels {','.join(map(str, levels))}")
                     run = gating.measure(conn, host_, policy, baseline=baseline,
                                          meta={"release": plan.release, "profile": plan.profile.label, "trial": True})
                     res = _level_results(run, baseline, levels, policy.confidence)
                     steps_.done("bench", t0, ", ".join(f"C={c}: {r.tok_s:.1f} tok/s" for c, r in res.items()))
+                    timing["bench_s"] = time.monotonic() - tb
                     return {"levels": res, "summary": {str(c): round(r.tok_s, 1) for c, r in res.items()}}
 
+                t_trial = time.monotonic()
                 try:
                     out = _deploy_one(inv, host, profiles[b], dry_run=False, gates=True, pre_checks=False,
                                       progress=progress, confirm=None, trial=bench)
-                    trials.append(TrialResult(b, out.release, "measured", out.details["trial"]["levels"]))
+                    trials.append(TrialResult(b, out.release, "measured", out.details["trial"]["levels"],
+                                              time.monotonic() - t_trial - timing["bench_s"], timing["bench_s"]))
                 except Interrupted:
                     raise
                 except OpsctlError as exc:  # the trial rolled itself back; the tune goes on
-                    trials.append(TrialResult(b, None, f"failed: {exc.problem}"))
+                    trials.append(TrialResult(b, None, f"failed: {exc.problem}",
+                                              deploy_s=time.monotonic() - t_trial))
         except Interrupted as exc:
             interrupted = exc
         finally:
+            t_restore = time.monotonic()
             with BRAKE.shielded(f"restoring {restore}, which served before the tune"):
                 conn = connect(host)
                 try:
@@ -242,13 +256,14 @@ def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None,
                                                    "trials": [t.as_dict() for t in trials]})
                 finally:
                     conn.close()
+            restore_s = time.monotonic() - t_restore
     if interrupted is not None:
         raise Interrupted(f"{interrupted.problem} during the tune: {restore} (what served before) serves again",
                           "run the tune again when ready", signal_name=interrupted.signal_name)
     best = best_per_level(trials, levels)
     rec, reason = recommend(trials, levels, base_tok)
     result = TuneResult(host.name, profile_name, levels, base_tok, trials, best, schedule_text(best), rec, reason,
-                        restored=restore)
+                        restored=restore, restore_s=restore_s)
     if report_dir is not None:
         result.report = write_tune_report(result, report_dir)
     return result
