@@ -93,5 +93,5 @@ def test_triton_kernels_in_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=SRC)
     env.pop("SGLANG_DDTREE_DISABLE_TRITON", None)
     p = subprocess.run([sys.executable, "-c", textwrap.dedent(CODE)], capture_output=True, text=True,
-                       env=env, timeout=600)
+                       env=env, timeout=1500)  # ~630 s on this 2-core machine under load
     assert p.returncode == 0 and p.stdout.strip().endswith("OK"), p.stderr[-4000:]

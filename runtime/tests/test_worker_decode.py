@@ -32,7 +32,10 @@ sampling with temperature > 0 through ``tree_speculative_sampling_target_only``)
 
 import contextlib
 import json
+import os
 import random
+import re
+import subprocess
 import sys
 import types
 
@@ -149,7 +152,9 @@ def stubbed(monkeypatch, tmp_path):
         ForwardMode=types.SimpleNamespace(TARGET_VERIFY="TARGET_VERIFY"), enable_num_token_non_padded=lambda: False)
     mod("sglang.srt.speculative.spec_info", SpeculativeAlgorithm=types.SimpleNamespace(DFLASH="DFLASH"))
     mod("sglang.srt.runtime_context",
-        get_parallel=lambda: types.SimpleNamespace(attn_dp_enabled=False, tp_group=types.SimpleNamespace(world_size=1)))
+        get_parallel=lambda: types.SimpleNamespace(attn_dp_enabled=False, tp_group=types.SimpleNamespace(world_size=1)),
+        get_exec=lambda: types.SimpleNamespace(graph=types.SimpleNamespace(cuda_graph_config=types.SimpleNamespace(
+            decode=types.SimpleNamespace(bs=[1, 2, 4, 8])))))
     mod("sglang.srt.speculative.dflash_utils", is_dense_head_weight=lambda w: True,
         resolve_dflash_verify_mask_policy=lambda backend: ("TritonAttnBackend", True))
     state = {}
@@ -180,7 +185,7 @@ class Plan:
         return self.write_virtual
 
 
-def _setup(stubbed, L, B, bs, hit, seed):
+def _setup(stubbed, L, B, bs, hit, seed, graph=False):
     dfw, state, DraftInput, tmp = stubbed
     N, blk = B + 1, L + 1
     drafter = tmp / f"drafter{L}"
@@ -237,6 +242,8 @@ def _setup(stubbed, L, B, bs, hit, seed):
             return Rec(logits_output=Rec(next_token_logits=torch.cat(logits), hidden_states=torch.cat(hid)),
                        can_run_cuda_graph=False, routed_experts_output=None, indexer_topk_output=None)
 
+    heads = []
+
     class DraftRunner:
         kv_index_translator = Translator()
 
@@ -251,7 +258,18 @@ def _setup(stubbed, L, B, bs, hit, seed):
                 p0 = int(pos[b, 0])
                 assert refs[r][p0] == int(ids[b, 0]), "block root must be the bonus token at position seq_len"
                 hidden[b, 1:] = _dl(refs[r][p0 + 1:p0 + 1 + L], L, hit, rng, g).double()
-            return Rec(logits_output=Rec(hidden_states=hidden.view(bs_ * blk, V)))
+            if not graph:
+                return Rec(logits_output=Rec(hidden_states=hidden.view(bs_ * blk, V)))
+            # a draft CUDA-graph replay: the batch padded to a captured size, the
+            # capture tail hook (the head DFlash registered) run on the padded
+            # hidden states and input ids; outputs stay in the head's buffers
+            P = next(c for c in (1, 2, 4, 8) if c >= bs_)
+            hp = torch.randn(P, blk, V, generator=g, dtype=torch.float64) * 5  # padding rows: garbage
+            hp[:bs_] = hidden
+            ip = torch.randint(0, V, (P, blk), generator=g)
+            ip[:bs_] = ids
+            heads[0](hp.view(P * blk, V), ip.view(-1))
+            return Rec(logits_output=Rec(hidden_states=hidden.view(bs_ * blk, V)), can_run_graph=True)
 
     target_model = Rec(lm_head=Rec(weight=eye), get_input_embeddings=lambda: (lambda ids: torch.zeros(*ids.shape, 4)))
     tw = TargetWorker()
@@ -294,6 +312,10 @@ def _setup(stubbed, L, B, bs, hit, seed):
     from sglang_ddtree import plugin as pl
 
     worker = pl._worker_factory(None)(None, 0, 0, tw)
+    if graph:  # what DFlash's init_cuda_graphs does before capturing the draft graph
+        worker._draft_sampler = worker._maybe_build_draft_sampler()
+        heads.append(worker._draft_sampler)
+        assert worker._draft_sampler is worker._ddtree_get_head()
     return locals()
 
 
@@ -303,9 +325,10 @@ def _dl(truth, L, hit, rng, g):
     return _draft_logits(truth, L, hit, rng, g)
 
 
+@pytest.mark.parametrize("graph", [False, True], ids=["eager-head", "graph-head"])
 @pytest.mark.parametrize("L,B,bs,hit", [(4, 11, 3, 0.8), (7, 31, 4, 0.9), (3, 3, 2, 0.5), (7, 7, 3, 1.0)])
-def test_ddtree_decode_step_equals_autoregressive(stubbed, L, B, bs, hit):
-    S = _setup(stubbed, L, B, bs, hit, seed=L * 10 + B)
+def test_ddtree_decode_step_equals_autoregressive(stubbed, L, B, bs, hit, graph):
+    S = _setup(stubbed, L, B, bs, hit, seed=L * 10 + B, graph=graph)
     worker, model, prompts, refs, rt, pool_idx, calls = (S[k] for k in
                                                          ("worker", "model", "prompts", "refs", "rt", "pool_idx", "calls"))
     N = B + 1
@@ -367,7 +390,27 @@ def test_ddtree_decode_step_equals_autoregressive(stubbed, L, B, bs, hit):
     for b in range(bs):
         k = len(prompts[b]) + n_new
         assert seqs[b][:k] == refs[b][:k], "DDTree decode differs from autoregressive greedy"
+    head = worker._ddtree_head
+    want_triton = os.environ.get("DDTREE_TEST_EXPECT_TRITON", "0") == "1"
+    assert head.use_triton == want_triton, "the head ran the fused Triton path" if want_triton else "torch path"
+    assert head.budget == B and head.L == L and head.tp == 1
+    if graph:
+        assert getattr(worker, "_ddtree_head_in_graph", False) and head._cap == 8
     print(f"L={L} B={B} hit={hit}: mean accept_len {sum(accept) / len(accept):.2f} over {len(accept) // bs} steps")
     assert max(accept) <= min(L, B) + 1
     if hit == 1.0:  # every top-1 right: nearly always the whole chain (a narrow tree may trade depth for width)
         assert sum(accept) / len(accept) > 0.9 * (min(L, B) + 1)
+
+
+def test_ddtree_decode_with_triton_head_in_interpreter():
+    """The same decode steps with the head's fused Triton kernels (LM head, top-K +
+    lse, tree kernel into the static buffers; draft-graph mode with padding, and
+    eager), run by Triton's CPU interpreter: output == autoregressive greedy."""
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", SGLANG_DDTREE_DISABLE_TRITON="0", DDTREE_TEST_EXPECT_TRITON="1")
+    here = os.path.dirname(os.path.abspath(__file__))
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.abspath(__file__),
+                        "-k", "test_ddtree_decode_step_equals_autoregressive and "
+                              "(4-11-3-0.8-graph-head or 7-7-3-1.0-eager-head)"],
+                       capture_output=True, text=True, env=env, cwd=here, timeout=900)
+    assert p.returncode == 0 and re.search(r"\b2 passed", p.stdout), p.stdout[-4000:] + p.stderr[-2000:]

@@ -376,7 +376,31 @@ def test_worker_class_through_plugin_factory(fake_dflash, tmp_path):
     assert w.ddtree_block_size == 8 and w.block_size == 8, "DFlash must be built with the drafter's block size"
     assert w.ddtree_spec_steps == 7
     assert mod.get_spec().speculative_num_draft_tokens == 33, "spec view leaked out of __init__"
-    assert w._maybe_build_draft_sampler() is None and w._defer_target_verify_gather() is None
+    assert w._defer_target_verify_gather() is None
+    # the draft sampler hook returns DDTree's head (not DFlash's argmax sampler), built on
+    # the target's LM head with static buffers for the largest captured batch
+    import sglang.srt.runtime_context as rc
+    from sglang_ddtree.head import DraftTreeHead
+
+    monkeypatch = pytest.MonkeyPatch()
+    try:
+        monkeypatch.setattr(rc, "get_exec", lambda: types.SimpleNamespace(graph=types.SimpleNamespace(
+            cuda_graph_config=types.SimpleNamespace(decode=types.SimpleNamespace(bs=[1, 4, 16])))))
+        monkeypatch.setattr(rc, "get_parallel", lambda: types.SimpleNamespace(
+            tp_group=types.SimpleNamespace(world_size=1)))
+        # (the real modules import the CUDA stack)
+        monkeypatch.setitem(sys.modules, "sglang.srt.lora.layers",
+                            types.SimpleNamespace(unwrap_lora_layer=lambda x: x))
+        monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dflash_utils",
+                            types.SimpleNamespace(is_dense_head_weight=lambda t: True))
+        w._target_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(
+            model=types.SimpleNamespace(lm_head=types.SimpleNamespace(weight=torch.randn(100, 8)))))
+        head = w._maybe_build_draft_sampler()
+        assert isinstance(head, DraftTreeHead) and head is w._ddtree_get_head()
+        assert head._cap == 16 and head.budget == 32 and head.L == 7 and head.tp == 1 and head.Vs == 100
+        assert w._ddtree_head_in_graph
+    finally:
+        monkeypatch.undo()
 
     class Mode:
         def __init__(self, ext, idle=False):

@@ -132,7 +132,7 @@ def build_trees(
         try:
             trees, top = tk.build_trees_triton(draft_logits, budget, root_tokens)
             if trees is not None:
-                cfg = tk.regime_config(bs * L)
+                cfg = tk.regime_config(bs * L, V)
                 LAST_IMPL = "triton-fused" if tk.fused_tree(cfg, budget) else "triton-topk+triton-tree"
                 return trees
             LAST_IMPL = "triton-topk+torch-tree"

@@ -74,21 +74,29 @@ def _unpack64(k, BITS: tl.constexpr):
 
 
 @triton.jit
+def _xrow(row, RL, RB, RO):
+    # output row -> logits row: request row // RL, its row RO + row % RL of RB
+    # (RL = RB = 1, RO = 0: the identity; the head maps block rows 1..L of
+    # [bs * block, V] logits without copying them)
+    return (row // RL) * RB + RO + row % RL
+
+
+@triton.jit
 def _topk_chunk_kernel(
-    x_ptr, stride_row, V, NCHUNK,
+    x_ptr, stride_row, V, NCHUNK, RL, RB, RO,
     val_ptr, idx_ptr, m_ptr, s_ptr,
-    cnt_ptr, lp_ptr, id_ptr, K,
+    cnt_ptr, lp_ptr, id_ptr, K, lse_ptr, id_off,
     rcnt_ptr, root_ptr, sc_ptr, ps_ptr, rk_ptr, pos_ptr, tok_ptr, par_ptr, dep_ptr, tval_ptr, vis_ptr,
     CHUNK: tl.constexpr, G: tl.constexpr, S: tl.constexpr, KP: tl.constexpr,
     PACK64: tl.constexpr, BITS: tl.constexpr,
     FUSE: tl.constexpr, NCP: tl.constexpr, MPACK32: tl.constexpr, MBITS: tl.constexpr,
     TREE: tl.constexpr, HAS_ROOT: tl.constexpr, TL: tl.constexpr, TK: tl.constexpr, TB: tl.constexpr,
     LP: tl.constexpr, BP: tl.constexpr, TKP: tl.constexpr, NP: tl.constexpr, CP: tl.constexpr,
-    EPS: tl.constexpr, GATHER: tl.constexpr,
+    EPS: tl.constexpr, GATHER: tl.constexpr, RS: tl.constexpr, RAW: tl.constexpr,
 ):
     row = tl.program_id(0)
     c = tl.program_id(1)
-    base = x_ptr + row.to(tl.int64) * stride_row
+    base = x_ptr + _xrow(row, RL, RB, RO).to(tl.int64) * stride_row
     start = c * CHUNK
     offs = start + tl.arange(0, CHUNK)
     msk = offs < V
@@ -128,14 +136,14 @@ def _topk_chunk_kernel(
         tl.debug_barrier()
         done = tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel")
         if done == NCHUNK - 1:
-            _merge_row(val_ptr, idx_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, row, NCHUNK, K,
-                       NCP, KP, MPACK32, MBITS, True)
+            _merge_row(val_ptr, idx_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, row, NCHUNK, K, lse_ptr, id_off,
+                       NCP, KP, MPACK32, MBITS, True, RAW)
             tl.atomic_xchg(cnt_ptr + row, 0, sem="relaxed")
             if TREE:
                 # ... and the last row of the request to be merged builds its tree
                 _tree_after_rows(row // TL, rcnt_ptr, lp_ptr, id_ptr, root_ptr, sc_ptr, ps_ptr, rk_ptr,
                                  pos_ptr, tok_ptr, par_ptr, dep_ptr, tval_ptr, vis_ptr,
-                                 HAS_ROOT, TL, TK, TB, LP, BP, TKP, NP, CP, EPS, GATHER)
+                                 HAS_ROOT, TL, TK, TB, LP, BP, TKP, NP, CP, EPS, GATHER, RS)
 
 
 @triton.jit
@@ -143,7 +151,7 @@ def _tree_after_rows(req, rcnt_ptr, lp_ptr, id_ptr, root_ptr, sc_ptr, ps_ptr, rk
                      pos_ptr, tok_ptr, par_ptr, dep_ptr, tval_ptr, vis_ptr,
                      HAS_ROOT: tl.constexpr, TL: tl.constexpr, TK: tl.constexpr, TB: tl.constexpr,
                      LP: tl.constexpr, BP: tl.constexpr, TKP: tl.constexpr, NP: tl.constexpr,
-                     CP: tl.constexpr, EPS: tl.constexpr, GATHER: tl.constexpr):
+                     CP: tl.constexpr, EPS: tl.constexpr, GATHER: tl.constexpr, RS: tl.constexpr):
     # called by the program that finished one row of request ``req``: the
     # last of the request's TL rows builds the tree (per-request counter,
     # reset to zero by that program)
@@ -152,14 +160,14 @@ def _tree_after_rows(req, rcnt_ptr, lp_ptr, id_ptr, root_ptr, sc_ptr, ps_ptr, rk
     if rdone == TL - 1:
         _tree_body(req, lp_ptr, id_ptr, root_ptr, sc_ptr, ps_ptr, rk_ptr, pos_ptr,
                    tok_ptr, par_ptr, dep_ptr, tval_ptr, vis_ptr,
-                   HAS_ROOT, TL, TK, TB, LP, BP, TKP, NP, CP, EPS, GATHER)
+                   HAS_ROOT, TL, TK, TB, LP, BP, TKP, NP, CP, EPS, GATHER, RS)
         tl.atomic_xchg(rcnt_ptr + req, 0, sem="relaxed")
 
 
 @triton.jit
-def _merge_row(val_ptr, idx_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, row, NCHUNK, K,
+def _merge_row(val_ptr, idx_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, row, NCHUNK, K, lse_ptr, id_off,
                NCP: tl.constexpr, KP: tl.constexpr, MPACK32: tl.constexpr, MBITS: tl.constexpr,
-               CG: tl.constexpr):
+               CG: tl.constexpr, RAW: tl.constexpr):
     c = tl.arange(0, NCP)
     cm = c < NCHUNK
     if CG:
@@ -179,32 +187,55 @@ def _merge_row(val_ptr, idx_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, row, NCHUNK, K,
         v = tl.load(val_ptr + row * NCHUNK * KP + p, mask=pm, other=-3.3e38, cache_modifier=".cg")
     else:
         v = tl.load(val_ptr + row * NCHUNK * KP + p, mask=pm, other=-3.3e38)
+    # Key position: chunk-major; within a chunk's list reversed for
+    # non-negative values (sign bit clear).  Packed keys order equal values by
+    # index, larger index first for v >= +0 and smaller first below (the low
+    # mantissa bits grow the magnitude); a chunk's list is in that order, and
+    # so is the merged row: the same top-K and order as v2 and as a merge of
+    # vocabulary shards (head.py), ties included.
+    kq = p % KP
+    negv = v.to(tl.int32, bitcast=True) < 0
+    rq = tl.where(negv, p, p - kq + (KP - 1 - kq))
     if MPACK32:  # 16-bit inputs: the chunk values are exact in fp32's high bits
-        val, pos = _unpack32(tl.topk(_pack32(v, p, MBITS), KP), MBITS)
+        val, q = _unpack32(tl.topk(_pack32(v, rq, MBITS), KP), MBITS)
     else:
-        val, pos = _unpack64(tl.topk(_pack64(v, p, 29), KP), 29)
+        val, q = _unpack64(tl.topk(_pack64(v, rq, 29), KP), 29)
+    kq2 = q % KP
+    pos = tl.where(val.to(tl.float32).to(tl.int32, bitcast=True) < 0, q, q - kq2 + (KP - 1 - kq2))
     if CG:
         ids = tl.load(idx_ptr + row * NCHUNK * KP + pos, cache_modifier=".cg")
     else:
         ids = tl.load(idx_ptr + row * NCHUNK * KP + pos)
     k = tl.arange(0, KP)
+    _store_top(lp_ptr, id_ptr, lse_ptr, row, K, k, val, ids, lse, id_off, RAW)
+
+
+@triton.jit
+def _store_top(lp_ptr, id_ptr, lse_ptr, row, K, k, val, ids, lse, id_off, RAW: tl.constexpr):
+    # log-probabilities (value - lse), or (RAW, one vocab shard of the head)
+    # the raw values, the ids + id_off and the row's lse
     km = k < K
-    tl.store(lp_ptr + row * K + k, val.to(tl.float32) - lse, mask=km)
-    tl.store(id_ptr + row * K + k, ids.to(tl.int64), mask=km)
+    if RAW:
+        tl.store(lp_ptr + row * K + k, val.to(tl.float32), mask=km)
+        tl.store(id_ptr + row * K + k, ids + id_off, mask=km)
+        tl.store(lse_ptr + row, lse)
+    else:
+        tl.store(lp_ptr + row * K + k, val.to(tl.float32) - lse, mask=km)
+        tl.store(id_ptr + row * K + k, ids.to(tl.int64), mask=km)
 
 
 @triton.jit
 def _topk_merge_kernel(
-    val_ptr, idx_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, NCHUNK, K,
-    NCP: tl.constexpr, KP: tl.constexpr, MPACK32: tl.constexpr, MBITS: tl.constexpr,
+    val_ptr, idx_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, NCHUNK, K, lse_ptr, id_off,
+    NCP: tl.constexpr, KP: tl.constexpr, MPACK32: tl.constexpr, MBITS: tl.constexpr, RAW: tl.constexpr,
 ):
-    _merge_row(val_ptr, idx_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, tl.program_id(0), NCHUNK, K,
-               NCP, KP, MPACK32, MBITS, False)
+    _merge_row(val_ptr, idx_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, tl.program_id(0), NCHUNK, K, lse_ptr, id_off,
+               NCP, KP, MPACK32, MBITS, False, RAW)
 
 
 @triton.jit
 def _groupmax_kernel(
-    x_ptr, stride_row, V, NCHUNK, NGP,
+    x_ptr, stride_row, V, NCHUNK, NGP, RL, RB, RO,
     gm_ptr, m_ptr, s_ptr,
     CHUNK: tl.constexpr, S: tl.constexpr, EVEN: tl.constexpr, LOAD2D: tl.constexpr,
 ):
@@ -215,7 +246,7 @@ def _groupmax_kernel(
     # -3.3e38, below any real group.
     row = tl.program_id(0)
     c = tl.program_id(1)
-    base = x_ptr + row.to(tl.int64) * stride_row
+    base = x_ptr + _xrow(row, RL, RB, RO).to(tl.int64) * stride_row
     gi = tl.arange(0, CHUNK // S)
     if LOAD2D:
         offs = c * CHUNK + gi[:, None] * S + tl.arange(0, S)[None, :]
@@ -247,23 +278,25 @@ def _groupmax_kernel(
 
 @triton.jit
 def _group_select_kernel(
-    x_ptr, stride_row, V, NCHUNK, NG,
-    gm_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, K, scr_ptr,
+    x_ptr, stride_row, V, NCHUNK, NG, RL, RB, RO,
+    gm_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, K, scr_ptr, lse_ptr, id_off,
     NCP: tl.constexpr, NGP: tl.constexpr, S: tl.constexpr, KP: tl.constexpr,
     GPACK64: tl.constexpr, GBITS: tl.constexpr, EPACK32: tl.constexpr, EBITS: tl.constexpr,
-    R: tl.constexpr, ECAP: tl.constexpr,
+    R: tl.constexpr, ECAP: tl.constexpr, RAW: tl.constexpr,
 ):
-    _group_select_row(tl.program_id(0), x_ptr, stride_row, V, NCHUNK, NG, gm_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, K,
-                      scr_ptr, NCP, NGP, S, KP, GPACK64, GBITS, EPACK32, EBITS, R, ECAP)
+    row = tl.program_id(0)
+    _group_select_row(row, _xrow(row, RL, RB, RO), x_ptr, stride_row, V, NCHUNK, NG, gm_ptr, m_ptr, s_ptr,
+                      lp_ptr, id_ptr, K, scr_ptr, lse_ptr, id_off,
+                      NCP, NGP, S, KP, GPACK64, GBITS, EPACK32, EBITS, R, ECAP, RAW)
 
 
 @triton.jit
 def _group_select_row(
-    row, x_ptr, stride_row, V, NCHUNK, NG,
-    gm_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, K, scr_ptr,
+    row, xrow, x_ptr, stride_row, V, NCHUNK, NG,
+    gm_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, K, scr_ptr, lse_ptr, id_off,
     NCP: tl.constexpr, NGP: tl.constexpr, S: tl.constexpr, KP: tl.constexpr,
     GPACK64: tl.constexpr, GBITS: tl.constexpr, EPACK32: tl.constexpr, EBITS: tl.constexpr,
-    R: tl.constexpr, ECAP: tl.constexpr,
+    R: tl.constexpr, ECAP: tl.constexpr, RAW: tl.constexpr,
 ):
     # v2 stage 2, one row: logsumexp from the chunks' (max, sum); the row's
     # top-K elements lie in its top-K groups by group maximum, so top-KP of the
@@ -294,6 +327,10 @@ def _group_select_row(
             _, sgid = _unpack64(tl.topk(_pack64(sgv, sg, GBITS), KP), GBITS)
         else:
             _, sgid = _unpack32(tl.topk(_pack32(sgv, sg, GBITS), KP), GBITS)
+        # slots in index order, so a group's position (slot * R + r) grows with
+        # its index and equal maxima are chosen as by index (the order one
+        # kernel over a whole row and a merge of vocabulary shards agree on)
+        sgid = tl.sort(sgid)
         q2 = sgid[:, None] * R + r[None, :]
         gv2 = tl.load(gbase + q2, mask=q2 < NG, other=-3.4e38, cache_modifier=".cg")
         l2 = k[:, None] * R + r[None, :]
@@ -309,7 +346,7 @@ def _group_select_row(
             gval, gid = _unpack64(tl.topk(_pack64(gv, p, GBITS), KP), GBITS)
         else:
             gval, gid = _unpack32(tl.topk(_pack32(gv, p, GBITS), KP), GBITS)
-    base = x_ptr + row.to(tl.int64) * stride_row
+    base = x_ptr + xrow.to(tl.int64) * stride_row
     if EPACK32:
         # 16-bit inputs: the value is exact in fp32's high bits, the position
         # (slot * S + j, slots in increasing group order, so ties still go to
@@ -351,9 +388,7 @@ def _group_select_row(
         yk = tl.where(cmask, tl.maximum(y, -3.0e38), -3.3e38)
         t = tl.topk(tl.reshape(_pack64(yk, coffs, 29), [KP * S]), KP)
         val, idx = _unpack64(t, 29)
-    km = k < K
-    tl.store(lp_ptr + row * K + k, val.to(tl.float32) - lse, mask=km)
-    tl.store(id_ptr + row * K + k, idx.to(tl.int64), mask=km)
+    _store_top(lp_ptr, id_ptr, lse_ptr, row, K, k, val, idx, lse, id_off, RAW)
 
 
 # Launch configuration.  "small" is used for bs * L <= small_rows rows, "large"
@@ -386,6 +421,10 @@ CONFIG = {
     "large": {"impl": "v2", "chunk": 8192, "S": 64, "warps": 8, "sel_warps": 4, "load2d": False,
               "epack32": True, "hier": 4, "ecap": 64},
     "small_rows": 7,
+    # ... or up to this many logits (rows * V), 0 = off.  bench_head.py run 1
+    # (results-head-h200.txt): the one launch at batch 8 of a TP-8 shard (56
+    # rows x 20480) took 106.3 us with the GEMM vs 100.3 us for "large": off
+    "small_elems": 0,
     "tree_warps": 8,
     "tree_gather": True,
 }
@@ -426,14 +465,20 @@ def _buf(bufs, name, shape, dtype, dev):
     return t
 
 
-def regime_config(rows: int):
-    return CONFIG["small"] if rows <= CONFIG["small_rows"] else CONFIG["large"]
+def regime_config(rows: int, V=None):
+    """The "small" (latency) configuration for at most ``small_rows`` rows, or
+    (``V`` given) at most ``small_elems`` logits in all; else "large"."""
+    if rows <= CONFIG["small_rows"]:
+        return CONFIG["small"]
+    if V is not None and rows * int(V) <= int(CONFIG.get("small_elems") or 0):
+        return CONFIG["small"]
+    return CONFIG["large"]
 
 
 class _TreeLaunch:
     """Outputs, scratch and compile-time constants of one batch's tree kernel."""
 
-    def __init__(self, bs, L, K, budget, root_tokens, dev, gather=None):
+    def __init__(self, bs, L, K, budget, root_tokens, dev, gather=None, out=None):
         B = int(budget)
         N = B + 1
         self.B, self.N = B, N
@@ -443,18 +488,27 @@ class _TreeLaunch:
         self.NP = _next_pow2(N)
         self.CP = max(self.BP, _next_pow2(_num_candidates(B, K)))
         W = self.LP * self.BP
+        # out: preallocated outputs (the head's static buffers), dict of
+        # tokens / parents / depths (int64 [bs, N]), valid (int8 [bs, N]),
+        # vis (int8 [bs, N, N]); contiguous
+        o = out or {}
         self.sc = torch.empty((bs, W), dtype=torch.float64, device=dev)
         self.ps = torch.empty((bs, W), dtype=torch.int32, device=dev)
         self.rk = torch.empty((bs, W), dtype=torch.int32, device=dev)
         self.pos = torch.empty((bs, W), dtype=torch.int32, device=dev)
-        self.tokens = torch.empty((bs, N), dtype=torch.int64, device=dev)
-        self.parents = torch.empty((bs, N), dtype=torch.int64, device=dev)
-        self.depths = torch.empty((bs, N), dtype=torch.int64, device=dev)
-        self.valid = torch.empty((bs, N), dtype=torch.int8, device=dev)
-        self.vis = torch.empty((bs, N, N), dtype=torch.int8, device=dev)
+        self.tokens = o.get("tokens", None)
+        if self.tokens is None:
+            self.tokens = torch.empty((bs, N), dtype=torch.int64, device=dev)
+        self.parents = o["parents"] if "parents" in o else torch.empty((bs, N), dtype=torch.int64, device=dev)
+        self.depths = o["depths"] if "depths" in o else torch.empty((bs, N), dtype=torch.int64, device=dev)
+        self.valid = o["valid"] if "valid" in o else torch.empty((bs, N), dtype=torch.int8, device=dev)
+        self.vis = o["vis"] if "vis" in o else torch.empty((bs, N, N), dtype=torch.int8, device=dev)
         self.has_root = root_tokens is not None
-        self.root = (root_tokens.to(device=dev, dtype=torch.int64).contiguous() if self.has_root
-                     else self.tokens)
+        # a strided root vector is read in place (the head: input_ids[:, 0])
+        self.root = root_tokens.to(device=dev, dtype=torch.int64) if self.has_root else self.tokens
+        if self.root.dim() != 1:
+            self.root = self.root.reshape(-1)
+        self.rstride = int(self.root.stride(0)) if self.has_root else 1
         self.gather = bool(CONFIG["tree_gather"] if gather is None else gather)
         self.L, self.K = L, K
 
@@ -464,13 +518,14 @@ class _TreeLaunch:
 
     def consts(self):
         return dict(HAS_ROOT=self.has_root, TL=self.L, TK=self.K, TB=self.B, LP=self.LP, BP=self.BP,
-                    TKP=self.KP, NP=self.NP, CP=self.CP, EPS=DEPTH_EPS, GATHER=self.gather)
+                    TKP=self.KP, NP=self.NP, CP=self.CP, EPS=DEPTH_EPS, GATHER=self.gather, RS=self.rstride)
 
     def trees(self) -> DDTrees:
         return DDTrees(self.tokens, self.parents, self.depths, self.vis.view(torch.bool), self.valid.view(torch.bool))
 
 
-_NO_TREE_CONSTS = dict(HAS_ROOT=False, TL=1, TK=1, TB=1, LP=2, BP=2, TKP=2, NP=2, CP=2, EPS=DEPTH_EPS, GATHER=True)
+_NO_TREE_CONSTS = dict(HAS_ROOT=False, TL=1, TK=1, TB=1, LP=2, BP=2, TKP=2, NP=2, CP=2, EPS=DEPTH_EPS, GATHER=True,
+                       RS=1)
 
 
 def topk_logsumexp(x: torch.Tensor, K: int, cfg=None, _stages=3, _bufs=None, _tree=None):
@@ -484,21 +539,46 @@ def topk_logsumexp(x: torch.Tensor, K: int, cfg=None, _stages=3, _bufs=None, _tr
     if x.stride(-1) != 1:
         x = x.contiguous()
     x2 = x.reshape(bs * L, V)
-    rows = bs * L
     if cfg is None:
-        cfg = regime_config(rows)
+        cfg = regime_config(bs * L, V)
+    top_lp = _buf(_bufs, "lp", (bs, L, K), torch.float32, x.device)
+    top_id = _buf(_bufs, "id", (bs, L, K), torch.int64, x.device)
+    topk_rows(x2, bs * L, K, top_lp, top_id, cfg=cfg, nreq=bs, _stages=_stages, _bufs=_bufs, _tree=_tree)
+    return top_lp, top_id
+
+
+def topk_rows(x2: torch.Tensor, rows: int, K: int, lp: torch.Tensor, ids: torch.Tensor, *, cfg=None,
+              rowmap=(1, 1, 0), raw=None, nreq=None, _stages=3, _bufs=None, _tree=None):
+    """Top-K (+ logsumexp) of ``rows`` logits rows into ``lp`` / ``ids`` (``[rows, K]``,
+    contiguous; float32 / int64, or int32 ids with ``raw``).
+
+    ``x2``: 2-D logits (unit column stride); output row r reads row
+    ``(r // RL) * RB + RO + r % RL`` of ``x2`` (``rowmap = (RL, RB, RO)``; the
+    head passes ``(L, block, 1)`` to read block rows 1..L of ``[bs * block, V]``
+    logits in place).  ``raw = (lse [rows] float32, id_off)``: store the raw
+    top values (not log-probabilities), ``ids + id_off`` and each row's
+    logsumexp (one vocabulary shard of a tensor-parallel head).  ``nreq``:
+    requests (rows // L) for the fused tree's counters."""
+    V = int(x2.shape[1])
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    if cfg is None:
+        cfg = regime_config(rows, V)
+    RL, RB, RO = (int(v) for v in rowmap)
     KP = max(2, _next_pow2(K))
-    if x.dtype == torch.bfloat16:
+    if x2.dtype == torch.bfloat16:
         pack64, bits = False, 16
-    elif x.dtype == torch.float16:
+    elif x2.dtype == torch.float16:
         pack64, bits = False, 13
     else:
         pack64, bits = True, 29
-        if x.dtype != torch.float32:
-            x2 = x2.float()
-    dev = x.device
-    top_lp = _buf(_bufs, "lp", (bs, L, K), torch.float32, dev)
-    top_id = _buf(_bufs, "id", (bs, L, K), torch.int64, dev)
+        if x2.dtype != torch.float32:
+            x2 = x2.float()  # same rows: the row map still applies
+    dev = x2.device
+    if raw is None:
+        lse_out, id_off, RAW = lp, 0, False
+    else:
+        lse_out, id_off, RAW = raw[0], int(raw[1]), True
     S = max(1, min(int(cfg.get("S") or 64), _next_pow2(V)))
     if cfg.get("impl", "v0") == "v2" and KP * S <= 4096:  # v0 for large K
         CHUNK = max(S, min(int(cfg.get("chunk", 4096)), _next_pow2(V)))
@@ -522,24 +602,26 @@ def topk_logsumexp(x: torch.Tensor, K: int, cfg=None, _stages=3, _bufs=None, _tr
         scr = _buf(_bufs, "scr", (rows, max(ecap, 1)), torch.float32, dev)
         if _stages & 1:
             _groupmax_kernel[(rows, NCHUNK)](
-                x2, x2.stride(0), V, NCHUNK, NGP, gms, ms, ss,
+                x2, x2.stride(0), V, NCHUNK, NGP, RL, RB, RO, gms, ms, ss,
                 CHUNK=CHUNK, S=S, EVEN=(V % CHUNK == 0), LOAD2D=bool(cfg.get("load2d")), num_warps=nw1,
             )
         n2 = max(NGP, KP * S)
         nw2 = cfg.get("sel_warps") or (4 if n2 <= 1024 else 8)
         if _stages & 2:
             _group_select_kernel[(rows,)](
-                x2, x2.stride(0), V, NCHUNK, NG, gms, ms, ss, top_lp, top_id, K, scr,
+                x2, x2.stride(0), V, NCHUNK, NG, RL, RB, RO, gms, ms, ss, lp, ids, K, scr, lse_out, id_off,
                 NCP=NCP, NGP=NGP, S=S, KP=KP, GPACK64=gpack64, GBITS=gbits,
-                EPACK32=epack32, EBITS=bits, R=R, ECAP=ecap, num_warps=nw2,
+                EPACK32=epack32, EBITS=bits, R=R, ECAP=ecap, RAW=RAW, num_warps=nw2,
             )
-        return top_lp, top_id
+        return lp, ids
     fuse = bool(cfg.get("fuse"))
     if _tree is not None:
-        assert fuse and _stages == 3
+        assert fuse and _stages == 3 and not RAW
         tree_ptrs, tree_consts = _tree.ptrs(), dict(_tree.consts(), TREE=True)
+        nreq = int(_tree.tokens.shape[0]) if nreq is None else nreq
     else:
-        tree_ptrs, tree_consts = (top_lp,) * 10, dict(_NO_TREE_CONSTS, TREE=False)
+        tree_ptrs, tree_consts = (lp,) * 10, dict(_NO_TREE_CONSTS, TREE=False)
+    nreq = rows if nreq is None else int(nreq)
     # request counters start 16-byte aligned (the kernel is specialised on
     # pointer alignment: one compiled kernel for every batch size)
     CHUNK, G, S = _chunk_params(V, KP, int(cfg.get("chunk", 4096)))
@@ -554,26 +636,26 @@ def topk_logsumexp(x: torch.Tensor, K: int, cfg=None, _stages=3, _bufs=None, _tr
     ms = _buf(_bufs, "m", (rows, NCHUNK), torch.float32, dev)
     ss = _buf(_bufs, "s", (rows, NCHUNK), torch.float32, dev)
     roff = (rows + 3) // 4 * 4
-    cnt = _counters(dev, roff + bs) if fuse else ms
+    cnt = _counters(dev, roff + nreq) if fuse else ms
     rcnt = cnt[roff:] if fuse else ms
     nw1 = cfg.get("warps") or (4 if KP * S <= 1024 else 8)
     if _stages & 1:
         _topk_chunk_kernel[(rows, NCHUNK)](
-            x2, x2.stride(0), V, NCHUNK, vals, idxs, ms, ss,
-            cnt, top_lp, top_id, K, rcnt, *tree_ptrs,
+            x2, x2.stride(0), V, NCHUNK, RL, RB, RO, vals, idxs, ms, ss,
+            cnt, lp, ids, K, lse_out, id_off, rcnt, *tree_ptrs,
             CHUNK=CHUNK, G=G, S=S, KP=KP, PACK64=pack64, BITS=bits,
-            FUSE=fuse, NCP=NCP, MPACK32=mpack32, MBITS=mbits, **tree_consts, num_warps=nw1,
+            FUSE=fuse, NCP=NCP, MPACK32=mpack32, MBITS=mbits, **tree_consts, RAW=RAW, num_warps=nw1,
         )
     if fuse:
-        return top_lp, top_id
+        return lp, ids
     n2 = NCP * KP
     nw2 = cfg.get("sel_warps") or (4 if n2 <= 2048 else (8 if n2 <= 8192 else 16))
     if _stages & 2:
         _topk_merge_kernel[(rows,)](
-            vals, idxs, ms, ss, top_lp, top_id, NCHUNK, K,
-            NCP=NCP, KP=KP, MPACK32=mpack32, MBITS=mbits, num_warps=nw2,
+            vals, idxs, ms, ss, lp, ids, NCHUNK, K, lse_out, id_off,
+            NCP=NCP, KP=KP, MPACK32=mpack32, MBITS=mbits, RAW=RAW, num_warps=nw2,
         )
-    return top_lp, top_id
+    return lp, ids
 
 
 def fused_tree(cfg, budget: int) -> bool:
@@ -592,7 +674,7 @@ def build_trees_triton(x: torch.Tensor, budget: int, root_tokens=None, cfg=None)
     bs, L, V = x.shape
     K = min(int(budget), V)
     if cfg is None:
-        cfg = regime_config(bs * L)
+        cfg = regime_config(bs * L, V)
     if not tree_kernel_supported(L, budget, K):
         return None, topk_logsumexp(x, K, cfg=cfg)
     tr = _TreeLaunch(bs, L, K, budget, root_tokens, x.device)
@@ -610,11 +692,11 @@ def _tree_kernel(
     tok_ptr, par_ptr, dep_ptr, val_ptr, vis_ptr,
     HAS_ROOT: tl.constexpr, L: tl.constexpr, K: tl.constexpr, B: tl.constexpr,
     LP: tl.constexpr, BP: tl.constexpr, KP: tl.constexpr, NP: tl.constexpr,
-    CP: tl.constexpr, EPS: tl.constexpr, GATHER: tl.constexpr,
+    CP: tl.constexpr, EPS: tl.constexpr, GATHER: tl.constexpr, RS: tl.constexpr,
 ):
     _tree_body(tl.program_id(0), lp_ptr, id_ptr, root_ptr, sc_ptr, ps_ptr, rk_ptr, pos_ptr,
                tok_ptr, par_ptr, dep_ptr, val_ptr, vis_ptr,
-               HAS_ROOT, L, K, B, LP, BP, KP, NP, CP, EPS, GATHER)
+               HAS_ROOT, L, K, B, LP, BP, KP, NP, CP, EPS, GATHER, RS)
 
 
 @triton.jit
@@ -624,9 +706,10 @@ def _tree_body(
     tok_ptr, par_ptr, dep_ptr, val_ptr, vis_ptr,
     HAS_ROOT: tl.constexpr, L: tl.constexpr, K: tl.constexpr, B: tl.constexpr,
     LP: tl.constexpr, BP: tl.constexpr, KP: tl.constexpr, NP: tl.constexpr,
-    CP: tl.constexpr, EPS: tl.constexpr, GATHER: tl.constexpr,
+    CP: tl.constexpr, EPS: tl.constexpr, GATHER: tl.constexpr, RS: tl.constexpr,
 ):
-    # One request's tree.  lp / id are read with .cg (L2, not L1): in the fused
+    # One request's tree (root token at root_ptr + b * RS).  lp / id are read
+    # with .cg (L2, not L1): in the fused
     # kernels other programs wrote them moments ago.
     lpb = lp_ptr + b * (L * K)
     sc = sc_ptr + b * (LP * BP)
@@ -712,7 +795,7 @@ def _tree_body(
     tl.store(dep_ptr + ob + 1 + bb, tl.where(nv, di + 1, 0).to(tl.int64), mask=om)
     tl.store(val_ptr + ob + 1 + bb, nv.to(tl.int8), mask=om)
     if HAS_ROOT:
-        root = tl.load(root_ptr + b).to(tl.int64)
+        root = tl.load(root_ptr + b * RS).to(tl.int64)
     else:
         root = tl.zeros([], dtype=tl.int64)
     tl.store(tok_ptr + ob, root)
@@ -764,7 +847,7 @@ def _launch_tree(top_lp, top_id, tr: "_TreeLaunch", num_warps=None) -> DDTrees:
     _tree_kernel[(bs,)](
         top_lp.contiguous(), top_id.contiguous(), *tr.ptrs(),
         HAS_ROOT=tr.has_root, L=tr.L, K=tr.K, B=tr.B, LP=tr.LP, BP=tr.BP, KP=tr.KP, NP=tr.NP, CP=tr.CP,
-        EPS=DEPTH_EPS, GATHER=tr.gather, num_warps=nw,
+        EPS=DEPTH_EPS, GATHER=tr.gather, RS=tr.rstride, num_warps=nw,
     )
     return tr.trees()
 
@@ -774,3 +857,84 @@ def build_trees_from_top_triton(top_lp, top_id, budget, root_tokens=None, num_wa
     bs, L, K = top_lp.shape
     tr = _TreeLaunch(bs, L, K, budget, root_tokens, top_lp.device, gather=gather)
     return _launch_tree(top_lp, top_id, tr, num_warps)
+
+
+# ---------------------------------------------------------------------------
+# tensor-parallel head: merge of the vocabulary shards' top-K (+ the tree)
+# ---------------------------------------------------------------------------
+
+
+@triton.jit
+def _merge_shards_row(g_ptr, gi_ptr, row, ROWS, TP, K, lp_ptr, id_ptr, KP: tl.constexpr, TPP: tl.constexpr):
+    # Gathered send buffers, rank r's at r * SEG (SEG = ROWS * (2K + 1)):
+    # raw top values f32 [ROWS, K], global ids int32 [ROWS, K] (the same
+    # bytes, read through gi_ptr), logsumexp f32 [ROWS].  The row's top-K of
+    # the whole vocabulary lies in the union of the shards' top-K; keys carry
+    # the global id (fp64, 29 low bits), so ties are ordered as within one
+    # shard.  Global logsumexp = logsumexp of the shards' ones.
+    SEG = ROWS * (2 * K + 1)
+    r = tl.arange(0, TPP)
+    rm = r < TP
+    rbase = r.to(tl.int64) * SEG
+    lse = tl.load(g_ptr + rbase + 2 * ROWS * K + row, mask=rm, other=float("-inf"))
+    M = tl.max(lse, 0)
+    M_safe = tl.where(M == float("-inf"), 0.0, M)
+    glse = M_safe + tl.log(tl.sum(tl.where(rm, tl.exp(lse - M_safe), 0.0), 0))
+    kk = tl.arange(0, KP)
+    off = rbase[:, None] + row * K + kk[None, :]
+    m2 = rm[:, None] & (kk[None, :] < K)
+    v = tl.load(g_ptr + off, mask=m2, other=-3.3e38)
+    ids = tl.load(gi_ptr + off + ROWS * K, mask=m2, other=0)
+    t = tl.topk(tl.reshape(_pack64(v, ids, 29), [TPP * KP]), KP)
+    val, tid = _unpack64(t, 29)
+    km = kk < K
+    tl.store(lp_ptr + row * K + kk, val.to(tl.float32) - glse, mask=km)
+    tl.store(id_ptr + row * K + kk, tid.to(tl.int64), mask=km)
+
+
+@triton.jit
+def _merge_shards_kernel(g_ptr, gi_ptr, ROWS, TP, K, lp_ptr, id_ptr, KP: tl.constexpr, TPP: tl.constexpr):
+    _merge_shards_row(g_ptr, gi_ptr, tl.program_id(0), ROWS, TP, K, lp_ptr, id_ptr, KP, TPP)
+
+
+@triton.jit
+def _merge_shards_tree_kernel(
+    g_ptr, gi_ptr, ROWS, TP, lp_ptr, id_ptr, root_ptr,
+    sc_ptr, ps_ptr, rk_ptr, pos_ptr, tok_ptr, par_ptr, dep_ptr, val_ptr, vis_ptr,
+    MKP: tl.constexpr, TPP: tl.constexpr,
+    HAS_ROOT: tl.constexpr, L: tl.constexpr, K: tl.constexpr, B: tl.constexpr,
+    LP: tl.constexpr, BP: tl.constexpr, KP: tl.constexpr, NP: tl.constexpr,
+    CP: tl.constexpr, EPS: tl.constexpr, GATHER: tl.constexpr, RS: tl.constexpr,
+):
+    # one program per request: merge its L rows, then build its tree (what
+    # the program wrote is visible to it after the barrier; read with .cg)
+    b = tl.program_id(0)
+    for d in tl.static_range(L):
+        _merge_shards_row(g_ptr, gi_ptr, b * L + d, ROWS, TP, K, lp_ptr, id_ptr, MKP, TPP)
+    tl.debug_barrier()
+    _tree_body(b, lp_ptr, id_ptr, root_ptr, sc_ptr, ps_ptr, rk_ptr, pos_ptr,
+               tok_ptr, par_ptr, dep_ptr, val_ptr, vis_ptr,
+               HAS_ROOT, L, K, B, LP, BP, KP, NP, CP, EPS, GATHER, RS)
+
+
+def merge_shards(gathered: torch.Tensor, tp: int, rows: int, K: int, lp: torch.Tensor, ids: torch.Tensor,
+                 tree: "_TreeLaunch" = None):
+    """Exact merge of ``tp`` gathered shard buffers (float32 ``[tp * rows * (2K + 1)]``,
+    layout in :func:`_merge_shards_row`) into top-K log-probabilities ``lp``
+    (float32 ``[rows, K]``) and ids (int64); with ``tree`` (rows = bs * L) the
+    same launch builds the trees."""
+    gi = gathered.view(torch.int32)
+    KP = max(2, _next_pow2(K))
+    TPP = max(2, _next_pow2(tp))
+    if tree is None:
+        _merge_shards_kernel[(rows,)](gathered, gi, rows, tp, K, lp, ids, KP=KP, TPP=TPP,
+                                      num_warps=4 if TPP * KP <= 1024 else 8)
+        return None
+    bs = int(tree.tokens.shape[0])
+    nw = CONFIG["tree_warps"] or 8
+    _merge_shards_tree_kernel[(bs,)](
+        gathered, gi, rows, tp, lp, ids, *tree.ptrs(),
+        MKP=KP, TPP=TPP, HAS_ROOT=tree.has_root, L=tree.L, K=tree.K, B=tree.B, LP=tree.LP, BP=tree.BP,
+        KP=tree.KP, NP=tree.NP, CP=tree.CP, EPS=DEPTH_EPS, GATHER=tree.gather, RS=tree.rstride, num_warps=nw,
+    )
+    return tree.trees()

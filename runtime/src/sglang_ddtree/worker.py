@@ -13,10 +13,13 @@ L = block_size - 1:
     of ``[bonus, mask * L]`` at positions ``seq_len + [0..L]``, KV written into
     the first ``block_size`` slots of this step's window (``N >= block_size``
     slots reserved by ``DFlashDraftInputV2.prepare_for_decode``: 2N per step);
-    the drafter's hidden states -> the target's LM head -> per-position top-K
-    log-probabilities (exact under vocab-parallel TP: per-shard top-K and
-    logsumexp, all-gathered and merged) -> ``build_trees_from_top`` /
-    ``build_trees`` (budget B, root = bonus token).
+    the drafter's hidden states -> :class:`~sglang_ddtree.head.DraftTreeHead`:
+    the target's LM-head GEMM into bf16 logits, the fused Triton top-K +
+    logsumexp, under vocab-parallel TP a fixed-shape all-gather of every
+    shard's top-K and lse and the exact merge, the tree kernel (budget B,
+    root = bonus token).  The head is DFlash's draft-sampler hook, so it is
+    captured in the drafter's CUDA graph (one per captured batch size) and
+    its trees are read from static buffers; eager drafts call it directly.
  2. **tree verify**: an ``EagleVerifyInput`` (draft_token ``[bs*N]``, positions
     ``seq_len + depth``, FULL_MASK custom mask = committed prefix | ancestors,
     retrieve_index / next_token / next_sibling, spec_steps = L,
@@ -60,6 +63,7 @@ from typing import Optional
 import torch
 
 from .config import budget_from_num_draft_tokens, read_block_size
+from .head import DraftTreeHead
 from .tree import DDTrees, build_trees, build_trees_from_top
 from .verify import AcceptResult, build_verify_inputs, fill_custom_mask, greedy_accept, retrieve_links, sample_accept
 
@@ -148,7 +152,10 @@ def draft_top_log_probs(
 
 
 def draft_trees(draft_hidden, weight, budget: int, root_tokens, *, vocab_start: int = 0, tp_group=None) -> DDTrees:
-    """Drafter hidden states -> DDTrees (root = bonus token)."""
+    """Drafter hidden states -> DDTrees (root = bonus token): the eager torch
+    head the worker ran before :class:`~sglang_ddtree.head.DraftTreeHead` (row
+    chunks, fp32 logits, ``torch.topk``, torch beam); kept as the benchmark's
+    baseline and a plain reference."""
     top_lp, top_id = draft_top_log_probs(
         draft_hidden, weight, min(int(budget), int(weight.shape[0])), vocab_start=vocab_start, tp_group=tp_group
     )
@@ -295,12 +302,25 @@ def make_worker_class():
             if getattr(self, "use_compact_draft_cache", False):
                 raise ValueError("DDTREE does not support --speculative-draft-window-size.")
 
-        # -- DFlash hooks we turn off ------------------------------------
+        # -- DFlash hooks: the draft head; the verify gather ----------------
         def _maybe_build_draft_sampler(self):
-            # DFlash folds a greedy argmax head into the draft CUDA graph; DDTree
-            # needs the block's hidden states (full distributions), so the draft
-            # graph ends at the hidden states and the head runs after it.
-            return None
+            # DFlash folds its greedy argmax head into the draft CUDA graph (a
+            # capture tail hook calls the sampler on the block's hidden states
+            # and input ids); DDTree folds its own head there instead: LM head,
+            # top-K + lse, TP all-gather + merge, tree, into static buffers.
+            # Called only when the draft graph is captured.
+            from sglang.srt.runtime_context import get_exec
+
+            max_bs = max(int(b) for b in get_exec().graph.cuda_graph_config.decode.bs)
+            head = self._ddtree_get_head(max_bs)
+            self._ddtree_head_in_graph = True
+            if self._ddtree_tp_rank0():
+                logger.info(
+                    "DDTREE draft head (LM head + top-K + tree) folded into the draft cuda graph "
+                    "(tp=%d, vocab shard %d, budget %d, L %d, max_bs %d, logits <= %.1f MiB).",
+                    head.tp, head.Vs, head.budget, head.L, max_bs, head.logits_bytes(max_bs) / 2**20,
+                )
+            return head
 
         def _defer_target_verify_gather(self):
             # Keep full (gathered) verify logits: eagle_sample consumes them.
@@ -422,31 +442,56 @@ def make_worker_class():
             hidden = out.logits_output.hidden_states
             if hidden is None:
                 raise RuntimeError("DDTREE: the DFlash draft forward returned no hidden states.")
-            return hidden.view(bs, blk, -1)
+            return hidden[: bs * blk].view(bs, blk, -1), bool(getattr(out, "can_run_graph", False))
 
-        def _ddtree_trees(self, draft_hidden, bonus_tokens):
+        def _ddtree_tp_rank0(self) -> bool:
+            return int(getattr(self, "_target_tp_rank", 0) or 0) == 0
+
+        def _ddtree_get_head(self, max_bs: int = 0):
+            """The draft head (``head.DraftTreeHead``) on the target's LM-head
+            shard, built once.  TP group as DFlash's own draft sampler: the
+            target's (whose ranks own the LM-head shards)."""
+            head = getattr(self, "_ddtree_head", None)
+            if head is not None:
+                return head
             from sglang.srt.lora.layers import unwrap_lora_layer
             from sglang.srt.runtime_context import get_parallel
             from sglang.srt.speculative.dflash_utils import is_dense_head_weight
-            from sglang.srt.speculative.spec_utils import draft_tp_context
 
-            lm_head = unwrap_lora_layer(getattr(self.target_worker.model_runner.model, "lm_head", None))
+            tw = getattr(self, "_target_worker", None) or self.target_worker
+            lm_head = unwrap_lora_layer(getattr(tw.model_runner.model, "lm_head", None))
             weight = getattr(lm_head, "weight", None)
             if weight is None or not is_dense_head_weight(weight):
                 raise NotImplementedError("DDTREE needs a dense target lm_head weight (quantized heads: not yet).")
             shard = getattr(lm_head, "shard_indices", None)
-            with draft_tp_context(self.draft_parallel_layout):
-                if shard is None:
-                    w, start, group = weight, 0, None
-                else:
-                    if int(shard.num_added_elements) > 0:
-                        raise NotImplementedError("DDTREE: added (LoRA) vocabulary in the LM head is not supported.")
-                    w = weight[: int(shard.num_org_elements)]
-                    start = int(shard.org_vocab_start_index)
-                    group = get_parallel().tp_group
-                    if int(group.world_size) == 1:
-                        group = None
-                return draft_trees(draft_hidden, w, self.ddtree_budget, bonus_tokens, vocab_start=start, tp_group=group)
+            group = get_parallel().tp_group
+            if shard is None:
+                if int(group.world_size) != 1:
+                    raise NotImplementedError("DDTREE: tp > 1 needs the LM head's shard_indices.")
+                w, start, group = weight, 0, None
+            else:
+                if int(shard.num_added_elements) > 0:
+                    raise NotImplementedError("DDTREE: added (LoRA) vocabulary in the LM head is not supported.")
+                w = weight[: int(shard.num_org_elements)]
+                start = int(shard.org_vocab_start_index)
+                if int(group.world_size) == 1:
+                    group = None
+            vocab = None
+            mc = getattr(getattr(tw, "model_runner", None), "model_config", None)
+            if mc is not None and getattr(mc, "vocab_size", None):
+                vocab = int(mc.vocab_size)
+            self._ddtree_head = DraftTreeHead(w, self.ddtree_budget, self.ddtree_block_size, vocab_start=start,
+                                              tp_group=group, vocab_size=vocab, max_bs=max_bs)
+            return self._ddtree_head
+
+        def _ddtree_trees(self, draft_hidden, bonus_tokens, draft_in_graph: bool = False):
+            """Trees of this step: what the draft graph's replay wrote (the head is
+            captured in it), else the same head called eagerly."""
+            head = self._ddtree_get_head()
+            bs = int(bonus_tokens.shape[0])
+            if draft_in_graph and getattr(self, "_ddtree_head_in_graph", False):
+                return head.trees(bs)
+            return head(draft_hidden.reshape(bs * int(self.block_size), -1), root_tokens=bonus_tokens)
 
         def _ddtree_decode(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
             from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
@@ -483,8 +528,8 @@ def make_worker_class():
             window_2d = window.view(bs, N)
 
             # 1) draft block -> trees
-            draft_hidden = self._ddtree_draft(batch, draft_input, window_2d)
-            trees = self._ddtree_trees(draft_hidden, draft_input.bonus_tokens.view(-1))
+            draft_hidden, draft_in_graph = self._ddtree_draft(batch, draft_input, window_2d)
+            trees = self._ddtree_trees(draft_hidden, draft_input.bonus_tokens.view(-1), draft_in_graph)
 
             # 2) tree verify input (EAGLE layout), mask into the backend's buffer when it fits
             attn = self.model_runner.attn_backend

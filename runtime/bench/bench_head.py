@@ -1,0 +1,381 @@
+#!/usr/bin/env python3
+"""The decode step's draft head on the GPU: ``head.DraftTreeHead`` (the worker's own
+head + tree function) against the LM-head GEMM alone and today's eager
+``worker.draft_trees`` (one device call).
+
+  PYTHONPATH=runtime/src python3 runtime/bench/bench_head.py [--out DIR]
+
+Shapes: H 7168, L 7 (drafter block 8), budget 32, bf16 weight / hidden states /
+logits; vocabulary shard 20480 (Kimi's 163840 over TP 8) and 163840 (TP 1);
+batch 1, 8, 32, 128.
+
+1. exactness + compilation, in parallel processes (Triton's on-disk cache then
+   serves the timing): random hidden states and weights (bf16, logits ~ N(0, s)
+   for a few s: many exact bf16 ties among the top-K), the head's trees vs
+   ``build_trees`` on the full logits (the logits the head's own GEMM calls
+   give, concatenated over the shards): tokens, parents, depths, visibility,
+   valid all equal.  TP 1 at both shard sizes; a simulated TP 2-8 merge (every
+   rank's shard of 20480 computed on this GPU, the all-gather by
+   ``LoopbackGroup``).
+2. timing, CUDA-graph replays (median of rounds, CUDA events):
+     gemm        torch.mm(hidden rows 1..L [bs*7, H], W_shard.T) -> bf16 logits
+     old eager   worker.draft_trees (what the worker ran before): eager
+     old graph   the same captured in a CUDA graph
+     head graph  DraftTreeHead(hidden [bs*8, H], input_ids) captured (TP 1)
+     head eager  the same launched eagerly
+     tp8 graph   (shard 20480) rank 0 of the TP-8 head: shard top-K, the
+                 all-gather replaced by a local copy of the other ranks'
+                 buffers (no NCCL on one GPU), merge + tree
+     alt graph   the head with the other launch configuration (small <-> large)
+     candidates  (shard 20480, batch <= 32) launch-configuration variants, graph
+   after each capture: 3 replays with new hidden states == eager trees.
+Raw output of the runs: results-head-h200.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "src"))
+
+H, BLOCK, BUDGET = 7168, 8, 32
+DEV = "cuda"
+if os.environ.get("DDTREE_BENCH_DRY") == "1":  # CPU dry run of the exactness jobs (TRITON_INTERPRET=1)
+    H, DEV = 64, "cpu"
+L = BLOCK - 1
+SHARDS = (20480, 163840)
+BATCHES = (1, 8, 32, 128)
+F = ("tokens", "parents", "depths", "visibility", "valid")
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def rand_case(V, bs, seed, scale, dev=None):
+    dev = dev or DEV
+    g = torch.Generator(device=dev).manual_seed(seed)
+    W = torch.randn(V, H, device=dev, generator=g, dtype=torch.bfloat16) * (scale / H ** 0.5)
+    hid = torch.randn(bs * BLOCK, H, device=dev, generator=g, dtype=torch.bfloat16)
+    ids = torch.randint(0, 163840, (bs * BLOCK,), device=dev, generator=g)
+    return W, hid, ids
+
+
+def compare(tr, ref, bs):
+    same = sum(all(torch.equal(getattr(tr, f)[b], getattr(ref, f)[b]) for f in F) for b in range(bs))
+    paths = sum(tr.paths(b) == ref.paths(b) for b in range(bs))
+    return same, paths
+
+
+def exact_job(job):
+    """One exactness case (also compiles its kernels): ``(job, trees, identical, same paths, s)``."""
+    kind, V, tp, bs, seed, scale = job
+    t0 = time.time()
+    from sglang_ddtree import build_trees
+    from sglang_ddtree.head import DraftTreeHead, LoopbackGroup
+
+    if DEV == "cuda":
+        torch.cuda.set_device(0)
+    if kind == "tp1":
+        W, hid, ids = rand_case(V, bs, seed, scale)
+        h = DraftTreeHead(W, BUDGET, BLOCK, max_bs=bs)
+        tr = h(hid, ids)
+        logits = h.logits(hid)
+    else:  # simulated TP: shards of V, vocabulary tp * V
+        W, hid, ids = rand_case(V * tp, bs, seed, scale)
+        sent, parts = [], []
+        for r in range(tp):
+            rec = LoopbackGroup(tp, r)
+            hr = DraftTreeHead(W[r * V:(r + 1) * V], BUDGET, BLOCK, vocab_start=r * V, tp_group=rec,
+                               vocab_size=tp * V, max_bs=bs)
+            hr(hid, ids)
+            sent.append(rec.sent)
+            parts.append(hr.logits(hid))
+        h0 = DraftTreeHead(W[:V], BUDGET, BLOCK, vocab_start=0, tp_group=LoopbackGroup(tp, 0, [None] + sent[1:]),
+                           vocab_size=tp * V, max_bs=bs)
+        tr = h0(hid, ids)
+        logits = torch.cat(parts, -1)
+    ref = build_trees(logits, BUDGET, ids.view(bs, BLOCK)[:, 0])
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+    same, paths = compare(tr, ref, bs)
+    return job, bs, same, paths, time.time() - t0
+
+
+def exactness_jobs():
+    jobs = []
+    for V in SHARDS:
+        for bs in BATCHES:
+            for seed, scale in ((11 * bs + 1, 1.0), (11 * bs + 2, 4.0)):
+                jobs.append(("tp1", V, 1, bs, seed + V, scale))
+    for tp in range(2, 9):
+        for bs in (1, 8, 32):
+            jobs.append(("tpsim", 20480, tp, bs, 100 * tp + bs, (1.0, 4.0)[bs % 2]))
+    return jobs
+
+
+def run_exactness(jobs, workers):
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    t0 = time.time()
+    tot = {"tp1": [0, 0, 0], "tpsim": [0, 0, 0]}
+    rows = []
+    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
+        futs = {ex.submit(exact_job, j): j for j in jobs}
+        for f in cf.as_completed(futs):
+            j = futs[f]
+            try:
+                job, n, same, paths, dt = f.result()
+            except Exception as e:  # noqa: BLE001
+                log(f"[exact] ERROR {j}: {type(e).__name__}: {str(e)[:300]}")
+                rows.append({"job": j, "error": repr(e)[:300]})
+                continue
+            t = tot[job[0]]
+            t[0] += n
+            t[1] += same
+            t[2] += paths
+            rows.append({"job": job, "trees": n, "identical": same, "paths": paths})
+            if same != n:
+                log(f"[exact] MISMATCH {job}: {same}/{n} identical, {paths}/{n} same path sets")
+    for k, (n, s, p) in tot.items():
+        log(f"[exact] {k}: {n} trees, {s} identical to build_trees on the full logits, {p} same path sets "
+            f"({n - s} differ)")
+    log(f"[exact] {len(jobs)} cases in {time.time() - t0:.0f}s")
+    return tot, rows
+
+
+def capture_graph(fn, warmups=2):
+    """As bench_build.capture_graph: warm-up on a side stream, capture, one replay."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    g.replay()
+    torch.cuda.synchronize()
+    return g, out
+
+
+def time_events(fn, reps):
+    e0, e1 = torch.cuda.Event(True), torch.cuda.Event(True)
+    e0.record()
+    for _ in range(reps):
+        fn()
+    e1.record()
+    torch.cuda.synchronize()
+    return e0.elapsed_time(e1) / reps * 1e3  # us
+
+
+def median_time(fn, reps, rounds=3):
+    for _ in range(2):
+        fn()
+    ts = sorted(time_events(fn, reps) for _ in range(rounds))
+    return ts[len(ts) // 2]
+
+
+def reps_for(us_guess):
+    return int(max(5, min(300, 30000 / max(us_guess, 1.0))))
+
+
+def graph_exact(g, out_trees, static_hid, static_ids, W, reference_head, bs, seed):
+    """3 replays with new hidden states / root ids == eager build_trees on the head's logits."""
+    from sglang_ddtree import build_trees
+
+    ok = True
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    for it in range(3):
+        static_hid.copy_(torch.randn(static_hid.shape, device="cuda", generator=gen).to(torch.bfloat16) * (1 + it))
+        static_ids.copy_(torch.randint(0, 163840, static_ids.shape, device="cuda", generator=gen))
+        g.replay()
+        torch.cuda.synchronize()
+        got = [getattr(out_trees, f).clone() for f in F]
+        ref = build_trees(reference_head.logits(static_hid), BUDGET, static_ids.view(bs, BLOCK)[:, 0])
+        ok &= all(torch.equal(a, getattr(ref, f)) for a, f in zip(got, F))
+    return bool(ok)
+
+
+def candidates(bs, impl):
+    """Launch-configuration variants timed at the small shard (name, cfg, CONFIG overrides)."""
+    from sglang_ddtree import triton_kernels as tk
+
+    base = dict(tk.CONFIG["small"] if impl == "v0" else tk.CONFIG["large"])
+    out = [("default", None, {})]
+    if impl == "v2":
+        out += [("v2 chunk 4096", dict(base, chunk=4096), {}), ("v2 chunk 2048", dict(base, chunk=2048), {}),
+                ("v2 select 8 warps", dict(base, sel_warps=8), {})]
+    else:
+        out += [("v0 chunk 4096", dict(base, chunk=4096), {}), ("v0 4 warps", dict(base, warps=4), {})]
+    out += [("tree 4 warps", None, {"tree_warps": 4})]
+    return out
+
+
+def sweep(W, hid, ids, bs, impl):
+    from sglang_ddtree import triton_kernels as tk
+    from sglang_ddtree.head import DraftTreeHead
+
+    res = {}
+    for name, cfg, over in candidates(bs, impl):
+        saved = json.loads(json.dumps(tk.CONFIG))
+        tk.CONFIG.update(over)
+        try:
+            hc = DraftTreeHead(W, BUDGET, BLOCK, max_bs=bs, cfg=cfg)
+            g, out = capture_graph(lambda: hc(hid, ids))
+            t = median_time(g.replay, reps_for(100), rounds=5)
+            ok = graph_exact(g, out, hid, ids, W, hc, bs, seed=7 + bs)
+            res[name] = [round(t, 2), ok]
+            del g
+        except Exception as e:  # noqa: BLE001
+            res[name] = ["error", repr(e)[:200]]
+        finally:
+            tk.CONFIG.clear()
+            tk.CONFIG.update(saved)
+    return res
+
+
+def timing(results):
+    from sglang_ddtree import triton_kernels as tk
+    from sglang_ddtree.head import DraftTreeHead, LoopbackGroup
+    from sglang_ddtree.worker import draft_trees
+
+    rows = []
+    for V in SHARDS:
+        W, _, _ = rand_case(V, 1, 7 + V, 1.0)
+        for bs in BATCHES:
+            r = {"V": V, "batch": bs}
+            try:
+                _, hid, ids = rand_case(V, bs, 1000 + bs, 1.0)
+                hs = hid.view(bs, BLOCK, H)[:, 1:].reshape(bs * L, H).contiguous()
+                root = ids.view(bs, BLOCK)[:, 0].contiguous()
+                # GEMM alone
+                g, _ = capture_graph(lambda: torch.mm(hs, W.t()))
+                r["gemm_us"] = median_time(g.replay, reps_for(100 if V < 100000 else 700))
+                del g
+                # today's eager head
+                r["old_eager_us"] = median_time(lambda: draft_trees(hid.view(bs, BLOCK, H), W, BUDGET, root),
+                                                reps_for(4000), rounds=3)
+                g, _ = capture_graph(lambda: draft_trees(hid.view(bs, BLOCK, H), W, BUDGET, root), warmups=1)
+                r["old_graph_us"] = median_time(g.replay, reps_for(1500))
+                del g
+                # the new head, TP 1
+                head = DraftTreeHead(W, BUDGET, BLOCK, max_bs=bs)
+                r["cfg"] = tk.regime_config(bs * L, V)["impl"]
+                r["full_block_gemm"] = head.chunk_requests(bs)[0]
+                r["gemm_chunks"] = -(-bs // head.chunk_requests(bs)[1])
+                r["logits_MiB"] = head.logits_bytes(bs) / 2 ** 20
+                r["head_eager_us"] = median_time(lambda: head(hid, ids), reps_for(300))
+                g, out = capture_graph(lambda: head(hid, ids))
+                r["head_graph_us"] = median_time(g.replay, reps_for(100 if V < 100000 else 700))
+                r["graph_ok"] = graph_exact(g, out, hid, ids, W, head, bs, seed=bs)
+                del g
+                # the other launch configuration
+                other = tk.CONFIG["large"] if r["cfg"] == "v0" else tk.CONFIG["small"]
+                alt = DraftTreeHead(W, BUDGET, BLOCK, max_bs=bs, cfg=other)
+                g, out = capture_graph(lambda: alt(hid, ids))
+                r["alt_graph_us"] = median_time(g.replay, reps_for(100 if V < 100000 else 700))
+                del g
+                # TP 8 flow at shard 20480 (all-gather replaced by local copies)
+                if V == 20480:
+                    others = [None] + [torch.randn(bs * L * (2 * BUDGET + 1), device="cuda") for _ in range(7)]
+                    for o in others[1:]:  # plausible shard lists: values, int32 ids, lse
+                        n = bs * L * BUDGET
+                        o[:n] = o[:n].view(bs * L, BUDGET).sort(-1, descending=True).values.flatten()
+                        o[n:2 * n] = torch.randint(20480, 163840, (n,), device="cuda",
+                                                   dtype=torch.int32).view(torch.float32)
+                        o[2 * n:] = 12.0
+                    h8 = DraftTreeHead(W, BUDGET, BLOCK, vocab_start=0, tp_group=LoopbackGroup(8, 0, others),
+                                       vocab_size=163840, max_bs=bs)
+                    g, out = capture_graph(lambda: h8(hid, ids))
+                    r["tp8_graph_us"] = median_time(g.replay, reps_for(100))
+                    del g
+                if V == 20480 and bs <= 32:
+                    r["candidates"] = sweep(W, hid, ids, bs, r["cfg"])
+                r["ratio"] = r["head_graph_us"] / r["gemm_us"]
+                r["speedup_vs_old_eager"] = r["old_eager_us"] / r["head_graph_us"]
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                r["error"] = repr(e)[:300]
+            rows.append(r)
+            log("[time] " + json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()}))
+            torch.cuda.empty_cache()
+        del W
+        torch.cuda.empty_cache()
+    results["timing"] = rows
+    return rows
+
+
+def table(rows):
+    md = ["| shard V | batch | GEMM alone (us) | old eager (us) | old graph (us) | head eager (us) | "
+          "**head graph (us)** | head/GEMM | target <= 1.3 | old eager/head | alt config graph (us) | "
+          "TP-8 flow graph* (us) | graph replays == eager | logits (MiB) |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            md.append(f"| {r['V']} | {r['batch']} | error: {r['error'][:80]} |")
+            continue
+        tp8 = f"{r['tp8_graph_us']:.1f}" if "tp8_graph_us" in r else "-"
+        md.append(f"| {r['V']} | {r['batch']} | {r['gemm_us']:.1f} | {r['old_eager_us']:.0f} | {r['old_graph_us']:.0f} | "
+                  f"{r['head_eager_us']:.1f} | **{r['head_graph_us']:.1f}** ({r['cfg']}) | {r['ratio']:.3f} | "
+                  f"{'yes' if r['ratio'] <= 1.3 else 'NO'} | {r['speedup_vs_old_eager']:.0f}x | "
+                  f"{r['alt_graph_us']:.1f} | {tp8} | {r['graph_ok']} | {r['logits_MiB']:.1f} |")
+    return md
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--workers", type=int, default=12)
+    ap.add_argument("--skip-exact", action="store_true")
+    args = ap.parse_args()
+    import triton
+
+    log(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}, "
+        f"SMs {torch.cuda.get_device_properties(0).multi_processor_count}")
+    t0 = time.time()
+    res = {}
+    if not args.skip_exact:
+        try:
+            res["exact"], res["exact_rows"] = run_exactness(exactness_jobs(), args.workers)
+        except Exception:
+            traceback.print_exc()
+    log(f"  (exactness + compiles done at {time.time() - t0:.0f}s)")
+    rows = timing(res)
+    log(f"  (timing done at {time.time() - t0:.0f}s)")
+    md = table(rows)
+    md.append("")
+    md.append("* TP-8 flow: rank 0's shard GEMM + shard top-K (raw values, ids, lse), the all-gather replaced "
+              "by local copies of 7 other ranks' buffers (one GPU: no NCCL), merge + tree in one kernel.")
+    for r in rows:
+        if "candidates" in r:
+            md.append(f"candidates V {r['V']} bs {r['batch']} (graph us, replays == eager): "
+                      + "; ".join(f"{k} {v[0]} {v[1]}" for k, v in r["candidates"].items()))
+    log("\n".join(md))
+    ok = [r for r in rows if "error" not in r]
+    if ok:
+        worst = max(ok, key=lambda r: r["ratio"])
+        log(f"[target] head graph <= 1.3x GEMM at every point: {all(r['ratio'] <= 1.3 for r in ok) and len(ok) == len(rows)} "
+            f"(worst {worst['ratio']:.3f} at V {worst['V']} bs {worst['batch']})")
+    if "exact" in res:
+        log(f"[target] exactness: {json.dumps(res['exact'])} ([trees, identical, same paths])")
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench_head.json"), "w") as f:
+        json.dump(res, f, indent=1, default=str)
+    with open(os.path.join(args.out, "table_head.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+    log(f"total {time.time() - t0:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
