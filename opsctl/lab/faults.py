@@ -37,6 +37,11 @@ EMULATOR_FAULTS: dict[str, dict] = {
                      "symptom": "greedy output differs from the target's after N tokens"},
     "port_in_use": {"params": {},
                     "symptom": "uvicorn cannot bind the HTTP port ('[Errno 98] ... address already in use'), exit 1"},
+    "random_loop": {"params": {"text_factor": 0.08, "ids_factor": 1.6},
+                    "symptom": "random token ids fall into an accepting loop (high acceptance), real text accepts "
+                               "almost nothing"},
+    "code_wins_chat_loses": {"params": {"code": 1.35, "math": 0.9, "chat": 0.08},
+                             "symptom": "acceptance skewed by domain: wins on HumanEval, loses on chat"},
 }
 HOST_CONDITIONS: dict[str, dict] = {
     "gpu_leftover": {"params": {"memory_mib": 71234},

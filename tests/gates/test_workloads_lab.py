@@ -26,7 +26,8 @@ def current(lab) -> str:
 
 def verdict(lab) -> dict:
     text = lab.run("cat /opt/opsctl/ledger.jsonl", check=False).stdout
-    return [json.loads(x) for x in text.splitlines() if x.strip() and '"verdict"' in x][-1]
+    recs = [json.loads(x) for x in text.splitlines() if x.strip()]
+    return [r for r in recs if r.get("action") == "verdict"][-1]
 
 
 def with_gate(src: Path, dst: Path, **changes: str) -> Path:

@@ -64,9 +64,10 @@ def test_tune_finds_the_budget_per_level_and_restores_the_live_release(tuned_lab
     assert (tmp_path / "t" / "tune.png").stat().st_size > 5000
 
 
-def test_tune_says_keep_the_baseline_when_no_budget_wins(tuned_lab):
+def test_tune_says_keep_the_baseline_when_no_budget_wins(tuned_lab, tmp_path):
     with tuned_lab.fault("accept_collapse", algorithm="DDTREE"):
-        p = opsctl("tune", "ddtree", "--budgets", "8,32", "--concurrency", "1", "--yes", "--json", inv=tuned_lab.inv)
+        p = opsctl("tune", "ddtree", "--budgets", "8,32", "--concurrency", "1", "--yes", "--json",
+                   "--out", str(tmp_path / "t"), inv=tuned_lab.inv)
     assert p.returncode == 0, p.stderr
     res = json.loads(p.stdout.splitlines()[-1])
     assert res["best"] == {"1": 0} and res["recommendation"] is None
@@ -81,13 +82,14 @@ def test_tune_restores_after_trials_that_fail_to_start_and_after_an_interrupt(tu
     gv.write_text(gv.read_text().replace("      readiness_timeout_s: 120\n    ar-tp8",
                                          "      readiness_timeout_s: 10\n    ar-tp8", 1))
     with tuned_lab.fault("slow_start", load_s=60, algorithm="DDTREE"):
-        p = opsctl("tune", "ddtree", "--budgets", "4,8", "--concurrency", "1", "--yes", "--json", inv=inv)
+        p = opsctl("tune", "ddtree", "--budgets", "4,8", "--concurrency", "1", "--yes", "--json",
+                   "--out", str(tmp_path / "t"), inv=inv)
     assert p.returncode == 0, p.stderr
     res = json.loads(p.stdout.splitlines()[-1])
     assert all(t["status"].startswith("failed:") for t in res["trials"])
     assert current(tuned_lab) == tuned_lab.baseline
     proc = subprocess.Popen([*OPSCTL, "tune", "ddtree", "--budgets", "4,8", "--concurrency", "1", "--yes",
-                             "-i", str(tuned_lab.inv)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             "--out", str(tmp_path / "t2"), "-i", str(tuned_lab.inv)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     lines = []
     deadline = time.monotonic() + 240
