@@ -8,14 +8,12 @@ renamed into `shared/drafters/<digest>` only after every checksum verifies.
 """
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -24,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from opsctl.brake import die_with_parent
 from opsctl.config import HostConfig
 from opsctl.errors import ConfigError, HostError
 from opsctl.hosts import Connection
@@ -182,24 +181,80 @@ def remote_drafter_state(conn: Connection, host: HostConfig) -> tuple[set[str], 
     return digests, by_sha
 
 
+SAMPLE = 1 << 20  # bytes per sample: start, middle and end of each file
+
+
+def _sample_offsets(size: int) -> list[int]:
+    return sorted({0, max(0, size // 2 - SAMPLE // 2), max(0, size - SAMPLE)})
+
+
+def sampled_sha256(path: Path) -> str:
+    """sha256 over three 1 MiB samples of a file (start, middle, end) and its size: a cheap
+    content check that catches truncation and most corruption without reading GBs."""
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with path.open("rb") as f:
+        for off in _sample_offsets(size):
+            f.seek(off)
+            h.update(f.read(SAMPLE))
+    return h.hexdigest()
+
+
+# the same function on the host (stdlib python): prints "<rel>\t<sampled sha256>" or "<rel>\tMISSING"
+_REMOTE_SAMPLE = f"""
+import hashlib, os, sys
+base = sys.argv[1]
+for rel in sys.stdin.read().split("\\0"):
+    if not rel:
+        continue
+    p = os.path.join(base, rel)
+    try:
+        size = os.path.getsize(p)
+        h = hashlib.sha256(str(size).encode())
+        with open(p, "rb") as f:
+            for off in sorted({{0, max(0, size // 2 - {SAMPLE} // 2), max(0, size - {SAMPLE})}}):
+                f.seek(off)
+                h.update(f.read({SAMPLE}))
+        print(rel + "\\t" + h.hexdigest())
+    except OSError:
+        print(rel + "\\tMISSING")
+"""
+
+
+def verify_drafter_on_host(conn: Connection, host: HostConfig, source: Path, manifest: DrafterManifest, *,
+                           full: bool = False) -> list[str]:
+    """Files of the host's copy of `manifest` whose content does not match: missing, another
+    size, other sampled bytes, or (full=True) another sha256 of the whole file."""
+    final = host.install_root / "shared" / "drafters" / manifest.digest
+    rels = sorted(manifest.files)
+    if full:
+        sums = "".join(f"{manifest.files[r]['sha256']}  {r}\n" for r in rels)
+        res = conn.run(f"cd {shlex.quote(str(final))} && sha256sum -c - 2>/dev/null | grep -v ': OK$' | "
+                       f"sed 's/: FAILED.*$//'; true", stdin=sums, check=False, timeout=3600)
+        return sorted({line.strip() for line in res.stdout.splitlines() if line.strip()} & set(rels))
+    res = conn.run(f"{host.host_python} -c {shlex.quote(_REMOTE_SAMPLE)} {shlex.quote(str(final))}",
+                   stdin="\0".join(rels), check=False, timeout=600)
+    remote = dict(line.split("\t", 1) for line in res.stdout.splitlines() if "\t" in line)
+    return [r for r in rels if remote.get(r) != sampled_sha256(source / r)]
+
+
 def plan_drafter(conn: Connection, host: HostConfig, manifest: DrafterManifest,
-                 state: tuple[set[str], dict[str, str]] | None = None) -> dict:
-    """What a sync would do, without doing it."""
+                 state: tuple[set[str], dict[str, str]] | None = None, *, source: Path | None = None,
+                 full_verify: bool = False) -> dict:
+    """What a sync would do, without doing it. A drafter already on the host is checked by
+    content (sizes and sampled hashes; every byte with full_verify): files that differ are
+    re-sent ("repair")."""
     digests, by_sha = state or remote_drafter_state(conn, host)
     if manifest.digest in digests:
+        bad = verify_drafter_on_host(conn, host, source, manifest, full=full_verify) if source else []
+        if bad:
+            return {"present": False, "repair": bad, "send": bad, "link": [],
+                    "bytes_to_send": sum(manifest.files[r]["size"] for r in bad)}
         return {"present": True, "send": [], "link": [], "bytes_to_send": 0}
     send = [r for r, m in manifest.files.items() if m["sha256"] not in by_sha]
     link = [r for r, m in manifest.files.items() if m["sha256"] in by_sha]
     return {"present": False, "send": send, "link": link,
             "bytes_to_send": sum(manifest.files[r]["size"] for r in send)}
-
-
-def _die_with_parent() -> None:
-    # an rsync left behind by a killed controller would keep writing to the host
-    try:
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def ssh_command(host: HostConfig) -> list[str]:
@@ -215,17 +270,66 @@ def ssh_command(host: HostConfig) -> list[str]:
     return ssh
 
 
+def _rsync(host: HostConfig, source: Path, rels: list[str], dest: Path) -> int:
+    """Send `rels` (relative to source) into `dest` on the host; returns bytes sent."""
+    with tempfile.NamedTemporaryFile("w", suffix=".list") as flist:
+        flist.write("\n".join(rels) + "\n")
+        flist.flush()
+        limit = host.settings.transfer_limit_mib_s
+        # --inplace into our own temp dir + --append-verify: a resumed file sends only its missing tail,
+        # then the whole file's checksum is compared (and resent on mismatch)
+        cmd = ["rsync", "-a", "--inplace", "--append-verify", "--stats", "--files-from", flist.name,
+               *([f"--bwlimit={max(1, int(limit * 1024))}"] if limit else []),
+               "-e", " ".join(shlex.quote(a) for a in [*ssh_command(host), "-o", f"Ciphers={FAST_CIPHERS}"]),
+               f"{source}/", f"{host.ssh.user}@{host.ssh.address}:{dest}/"]
+        # its own session: a terminal's ^C goes to opsctl alone, which stops it (brake)
+        proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=die_with_parent,
+                              start_new_session=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or [""])[-1]
+        raise HostError(f"drafter transfer to {host.name} failed (rsync exit {proc.returncode}): {tail}",
+                        "check disk space and that rsync is installed on the host; the next deploy resumes")
+    m = re.search(r"Total bytes sent: ([\d,]+)", proc.stdout)
+    return int(m.group(1).replace(",", "")) if m else 0
+
+
+def _repair_drafter(conn: Connection, host: HostConfig, source: Path, manifest: DrafterManifest, bad: list[str],
+                    progress: Callable[[str], None] | None, t0: float) -> SyncResult:
+    """Re-send the files of a drafter on the host whose content is wrong, into a side directory,
+    verify them, then rename each over the bad one (the drafter directory stays in place)."""
+    base = host.install_root / "shared" / "drafters"
+    final = base / manifest.digest
+    repair = base / f".repair-{manifest.digest}"
+    if progress:
+        progress(f"drafter {manifest.digest[:12]} on the host differs from the source in {len(bad)} file(s) "
+                 f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): re-sending them")
+    conn.run(f"rm -rf {shlex.quote(str(repair))} && mkdir -p {shlex.quote(str(repair))}")
+    sent = _rsync(host, source, bad, repair)
+    sums = "".join(f"{manifest.files[r]['sha256']}  {r}\n" for r in bad)
+    check = conn.run(f"cd {shlex.quote(str(repair))} && sha256sum --quiet -c -", stdin=sums, check=False)
+    if not check.ok:
+        raise HostError(f"drafter repair on {host.name}: the re-sent files do not verify: "
+                        f"{(check.stdout + check.stderr).strip().splitlines()[:2]}",
+                        "check the source weights and the host's disk, then deploy again")
+    moves = " && ".join(f"mkdir -p {shlex.quote(str((final / r).parent))} && "
+                        f"mv -f {shlex.quote(str(repair / r))} {shlex.quote(str(final / r))}" for r in bad)
+    conn.run(f"{moves} && rm -rf {shlex.quote(str(repair))}")
+    return SyncResult(manifest.digest, manifest.total_bytes, sent, len(bad), 0, False, time.monotonic() - t0)
+
+
 def sync_drafter(conn: Connection, host: HostConfig, source: Path, manifest: DrafterManifest,
-                 progress: Callable[[str], None] | None = None) -> SyncResult:
+                 progress: Callable[[str], None] | None = None, *, full_verify: bool = False) -> SyncResult:
     t0 = time.monotonic()
     base = host.install_root / "shared" / "drafters"
     final = base / manifest.digest
     incoming = base / f".incoming-{manifest.digest}"
     state = remote_drafter_state(conn, host)
     by_sha = state[1]
-    plan = plan_drafter(conn, host, manifest, state)
+    plan = plan_drafter(conn, host, manifest, state, source=source, full_verify=full_verify)
     if plan["present"]:
         return SyncResult(manifest.digest, manifest.total_bytes, 0, 0, 0, True, time.monotonic() - t0)
+    if plan.get("repair"):
+        return _repair_drafter(conn, host, source, manifest, plan["repair"], progress, t0)
     conn.run(f"mkdir -p {shlex.quote(str(incoming))}")
     links = []
     for rel in plan["link"]:
@@ -238,23 +342,7 @@ def sync_drafter(conn: Connection, host: HostConfig, source: Path, manifest: Dra
     if plan["send"]:
         if progress:
             progress(f"sending {len(plan['send'])} drafter file(s), {plan['bytes_to_send'] / 2**20:.1f} MiB")
-        with tempfile.NamedTemporaryFile("w", suffix=".list") as flist:
-            flist.write("\n".join(plan["send"]) + "\n")
-            flist.flush()
-            limit = host.settings.transfer_limit_mib_s
-            # --inplace into our own temp dir + --append-verify: a resumed file sends only its missing tail,
-            # then the whole file's checksum is compared (and resent on mismatch)
-            cmd = ["rsync", "-a", "--inplace", "--append-verify", "--stats", "--files-from", flist.name,
-                   *([f"--bwlimit={max(1, int(limit * 1024))}"] if limit else []),
-                   "-e", " ".join(shlex.quote(a) for a in [*ssh_command(host), "-o", f"Ciphers={FAST_CIPHERS}"]),
-                   f"{source}/", f"{host.ssh.user}@{host.ssh.address}:{incoming}/"]
-            proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=_die_with_parent)
-        if proc.returncode != 0:
-            raise HostError(f"drafter transfer to {host.name} failed (rsync exit {proc.returncode}): "
-                            f"{proc.stderr.strip().splitlines()[-1:] or ['']}".replace("['", "").replace("']", ""),
-                            "check disk space and that rsync is installed on the host; the next deploy resumes")
-        m = re.search(r"Total bytes sent: ([\d,]+)", proc.stdout)
-        bytes_sent = int(m.group(1).replace(",", "")) if m else 0
+        bytes_sent = _rsync(host, source, plan["send"], incoming)
     # verify every checksum before the directory gets its final name
     sums = "".join(f"{meta['sha256']}  {rel}\n" for rel, meta in manifest.files.items())
     t_verify = time.monotonic()

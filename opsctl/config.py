@@ -226,6 +226,7 @@ class HostSettings(_Strict):
                                 "unconfirmed release; default: readiness timeout + 30 min (gates included)")
     extra_env: dict[str, str] = Field(default_factory=dict)
     secrets_file: Path | None = Field(None, description="controller file of KEY=VALUE secrets (HF token, API key); shipped 0600")
+    secrets_mode_ok: bool = Field(False, description="accept a secrets_file that group/others can read on the controller")
     profiles: dict[str, dict[str, Any]] = Field(default_factory=dict)
     gate: dict[str, Any] = Field(default_factory=dict)
     watch: WatchSettings = Field(default_factory=WatchSettings)
@@ -346,8 +347,12 @@ def resolve_profile(name: str, budget: int | None = None, *,
     """Built-in profile `name`, with the inventory's overrides and the CLI budget applied."""
     overrides = overrides or {}
     if name not in BUILTIN_PROFILES and name not in overrides:
-        raise ConfigError(f"unknown profile {name!r}",
-                          f"use one of: {', '.join(profile_names(overrides))}")
+        import difflib
+
+        known = profile_names(overrides)
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        raise ConfigError(f"unknown profile {name!r}" + (f": did you mean {close[0]!r}?" if close else ""),
+                          f"use one of: {', '.join(known)}")
     data: dict[str, Any] = {**BUILTIN_PROFILES.get(name, {}), **overrides.get(name, {}), "name": name}
     kind = data.get("kind")
     if budget is not None and kind != "ddtree":

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from opsctl.bench.results import BenchLevel, BenchRun
 from opsctl.errors import ConfigError
 from opsctl.findings import Finding
 
-Status = Literal["pass", "marginal", "fail"]
-_RANK = {"pass": 0, "marginal": 1, "fail": 2}
+Status = Literal["pass", "marginal", "inconclusive", "fail"]
+_RANK = {"pass": 0, "marginal": 1, "inconclusive": 2, "fail": 3}
 
 
 class GatePolicy(BaseModel):
@@ -67,6 +67,21 @@ class GatePolicy(BaseModel):
     canary_prompts: int = Field(8, ge=1)
     canary_input_len: int = Field(64, ge=1)
     canary_output_len: int = Field(32, ge=1)
+    # --- workloads and confidence (opsctl/bench/workloads.py, opsctl/confidence.py)
+    workloads: dict[str, float] = Field(
+        default_factory=lambda: {"humaneval": 0.3, "chat": 0.5, "math": 0.2},
+        description="the mix the gate measures on (name: weight); 'random' token ids are never the default")
+    confidence: float = Field(0.90, gt=0.5, lt=1.0, description="two-sided confidence of the speedup interval")
+    min_requests: int = Field(8, ge=2, description="samples per level and side below which a level is inconclusive")
+    max_requests: int = Field(48, ge=2, description="a level stops measuring at this many requests (the cap)")
+    min_workload_requests: int = Field(4, ge=2, description="requests of a workload at a level to judge it alone")
+
+    @field_validator("workloads")
+    @classmethod
+    def _known_workloads(cls, v: dict[str, float]) -> dict[str, float]:
+        from opsctl.bench.workloads import parse_mix
+
+        return parse_mix(v)
 
     def requests_for(self, concurrency: int) -> int:
         return max(self.requests_per_level, concurrency)
@@ -114,6 +129,11 @@ class LevelRow(BaseModel):
     errors: int = 0
     spread_pct: float = 0.0
     status: Status = "pass"
+    why: str = ""  # the words for the status, matching the numbers: "within the -10 % limit"
+    low_pct: float | None = None       # the speedup's confidence interval (percent), with samples
+    high_pct: float | None = None
+    samples: int | None = None         # candidate requests the interval rests on
+    workloads: dict[str, dict] = Field(default_factory=dict)  # per workload: delta/low/high %, accept, n, status
 
 
 class Verdict(BaseModel):
@@ -248,7 +268,35 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
             elif acc < floor:
                 low_accept.append((c, acc))
                 st = "fail"
+        why = _why(st, delta, c, policy, k.accept, floor)
+        conf = _confidence_level(c, candidate, baseline, policy)
+        if conf is not None:
+            # with request samples on both sides the interval decides, not the medians
+            interval, decision, per_workload = conf
+            delta = interval.ratio - 1.0
+            reasons[:] = [r for r in reasons if not _throughput_reason(r, c)]
+            thr = (1 + policy.min_speedup) if c == policy.speedup_concurrency else (1 - policy.max_regression)
+            if decision == "fail":
+                need = (f"needs at least {policy.min_speedup * 100:+.0f} %" if c == policy.speedup_concurrency
+                        else f"limit -{policy.max_regression * 100:.0f} %")
+                reasons.append(f"C={c}: speedup {interval.pct()}: the whole interval is below {need}")
+            elif decision == "inconclusive":
+                few = min(interval.n_candidate, interval.n_baseline) < policy.min_requests
+                reasons.append(f"C={c}: speedup {interval.pct()}: " + (
+                    f"too few samples (at least {policy.min_requests} per side)" if few else
+                    f"the interval straddles {(thr - 1) * 100:+.0f} %: not proven"))
+            for name, w in per_workload.items():
+                if w["status"] == "fail":
+                    reasons.append(f"C={c}: {name} loses: {w['text']} (limit -{policy.max_regression * 100:.0f} %)")
+                    decision = "fail"
+            st = _worst(_status_without_throughput(st, k, policy, floor), decision)
+            why = _why(st, delta, c, policy, k.accept, floor, interval=interval) if st == "pass" else \
+                f"{st} ({interval.pct()})"
+        else:
+            interval, per_workload = None, {}
         spread = max(k.output_throughput_spread, b.output_throughput_spread)
+        if interval is not None:
+            spread = 0.0  # the interval already carries the noise
         if st == "pass" and spread > policy.max_spread:
             reasons.append(f"C={c}: repeats spread {spread * 100:.0f}% (> {policy.max_spread * 100:.0f}%): "
                            "too noisy to call (marginal)")
@@ -256,7 +304,14 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
         rows.append(LevelRow(concurrency=c, baseline_tok_s=b.output_throughput, candidate_tok_s=k.output_throughput,
                              delta_pct=None if delta is None else delta * 100, baseline_itl_p50_ms=b.median_itl_ms,
                              candidate_itl_p50_ms=k.median_itl_ms, accept_length=k.accept,
-                             baseline_accept_length=b.accept, errors=k.errors, spread_pct=spread * 100, status=st))
+                             baseline_accept_length=b.accept, errors=k.errors, spread_pct=spread * 100, status=st,
+                             why=why if st == "pass" else ("repeats too noisy to call" if spread > policy.max_spread
+                                                           and why.startswith("pass") else why),
+                             low_pct=(interval.low - 1) * 100 if interval else None,
+                             high_pct=(interval.high - 1) * 100 if interval else None,
+                             samples=interval.n_candidate if interval else None,
+                             workloads={n: {k2: v for k2, v in w.items() if k2 != "text"}
+                                        for n, w in per_workload.items()}))
     if not rows:
         raise ConfigError("the candidate and the baseline share no concurrency level", fix)
     if low_accept:
@@ -296,23 +351,88 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
                    canary=canary, policy=policy.model_dump(mode="json"))
 
 
+def _confidence_level(c: int, candidate: BenchRun, baseline: BenchRun, policy: GatePolicy):
+    """(interval, decision, per-workload rows) at level c, or None without request samples."""
+    from opsctl import confidence as cf
+
+    cs, bs = cf.samples_of(candidate.at(c)), cf.samples_of(baseline.at(c))
+    if not cs or not bs:
+        return None
+    thr = (1 + policy.min_speedup) if c == policy.speedup_concurrency else (1 - policy.max_regression)
+    interval = cf.speedup_interval(cf.rates(cs), cf.rates(bs), confidence=policy.confidence, seed=c)
+    if interval is None:
+        return None
+    decision = cf.decide(interval, thr, policy.min_requests)
+    per: dict[str, dict] = {}
+    for name in sorted({s.workload for s in cs}):
+        wc, wb = cf.rates(cs, name), cf.rates(bs, name)
+        iv = cf.speedup_interval(wc, wb, confidence=policy.confidence, seed=c) if wc and wb else None
+        row: dict = {"n": len(wc), "accept_length": cf.accept_length(cs, name),
+                     "baseline_accept_length": cf.accept_length(bs, name)}
+        if iv is not None:
+            d = cf.decide(iv, 1 - policy.max_regression, policy.min_workload_requests)
+            row.update(delta_pct=(iv.ratio - 1) * 100, low_pct=(iv.low - 1) * 100, high_pct=(iv.high - 1) * 100,
+                       status=d if d != "inconclusive" else "not judged alone", text=iv.pct())
+        else:
+            row.update(status="no baseline samples", text="-")
+        per[name] = row
+    return interval, decision, per
+
+
+def _throughput_reason(reason: str, c: int) -> bool:
+    return reason.startswith(f"C={c}: output ") or reason.startswith(f"C={c}: repeats spread")
+
+
+def _status_without_throughput(st: Status, k: BenchLevel, policy: GatePolicy, floor: float | None) -> Status:
+    """The level's status from errors and accept length only (the interval judges throughput)."""
+    if k.errors > policy.max_errors:
+        return "fail"
+    if floor is not None and ((k.accept is None and policy.require_accept_length) or
+                              (k.accept is not None and k.accept < floor)):
+        return "fail"
+    return "pass"
+
+
+def _why(status: str, delta: float | None, c: int, policy: GatePolicy, accept: float | None,
+         floor: float | None, *, interval=None) -> str:
+    """The status of one level in words that match its numbers (never "better" for a loss)."""
+    if delta is None:
+        return "not compared (baseline throughput 0)"
+    pct = interval.pct() if interval is not None else f"{delta * 100:+.1f} %"
+    acc = f", accept {accept:.2f} >= floor {floor:.2f}" if accept is not None and floor is not None and \
+        status == "pass" else ""
+    if status != "pass":
+        return f"{status} ({pct})"
+    if c == policy.speedup_concurrency:
+        return f"pass ({pct}, at least {policy.min_speedup * 100:+.0f} % needed here{acc})"
+    if delta < 0:
+        return f"pass ({pct}, within the -{policy.max_regression * 100:.0f} % limit{acc})"
+    return f"pass ({pct}, faster than the baseline{acc})"
+
+
+def verdict_summary(verdict: "Verdict") -> str:
+    """One line per verdict, each level in the words of its row."""
+    return "; ".join(f"C={r.concurrency}: {r.why or r.status}" for r in verdict.rows)
+
+
 # --------------------------------------------------------------------------- marginal: re-measure once
 def next_action(verdict: Verdict) -> Literal["promote", "remeasure", "rollback"]:
-    """pass -> promote; fail -> rollback; marginal -> remeasure on the first
-    attempt, rollback after a re-measure."""
+    """pass -> promote; fail -> rollback; marginal or inconclusive -> remeasure on the
+    first attempt, rollback after a re-measure (a release not proven better does not stay)."""
     if verdict.status == "pass":
         return "promote"
-    if verdict.status == "marginal" and verdict.attempts < 2:
+    if verdict.status in ("marginal", "inconclusive") and verdict.attempts < 2:
         return "remeasure"
     return "rollback"
 
 
 def finalize(verdict: Verdict) -> Verdict:
-    """A verdict after the re-measure: still marginal -> fail."""
-    if verdict.status != "marginal" or verdict.attempts < 2:
+    """A verdict after the re-measure: still marginal or inconclusive -> fail."""
+    if verdict.status not in ("marginal", "inconclusive") or verdict.attempts < 2:
         return verdict
     return verdict.model_copy(update={
-        "status": "fail", "reasons": [*verdict.reasons, "still marginal after one re-measure: failing"]})
+        "status": "fail", "reasons": [*verdict.reasons, f"still {verdict.status} after one re-measure: failing "
+                                      "(a release not proven better does not stay)"]})
 
 
 def judge_with_remeasure(measure: Callable[[], BenchRun], baseline: BenchRun, policy: GatePolicy | None = None, *,
@@ -329,5 +449,5 @@ def judge_with_remeasure(measure: Callable[[], BenchRun], baseline: BenchRun, po
     run = run.merged(measure())
     v2 = judge(run, baseline, policy, profile_kind=profile_kind, canary_mismatch=canary_mismatch,
                canary_ran=canary_ran)
-    v2 = v2.model_copy(update={"attempts": 2, "notes": [*v2.notes, "re-measured once after a marginal verdict"]})
+    v2 = v2.model_copy(update={"attempts": 2, "notes": [*v2.notes, f"re-measured once after a {v.status} verdict"]})
     return finalize(v2), run

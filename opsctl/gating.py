@@ -170,31 +170,75 @@ def validate_live(inv: Inventory, limit: str | None) -> list[Finding]:
 # --------------------------------------------------------------------------- benchmark gate
 
 
-def baseline_paths(host: HostConfig, profile_name: str) -> tuple[str, str]:
+def _mix_slug(policy) -> str:
+    import hashlib
+
+    from opsctl.bench.workloads import mix_key
+
+    return hashlib.sha256(mix_key(policy.workloads).encode()).hexdigest()[:10]
+
+
+def baseline_paths(host: HostConfig, profile_name: str, policy=None) -> tuple[str, str]:
+    """(the bench run, the greedy canary) of the baseline profile. Runs are stored per
+    workload mix (a candidate is compared on the same requests); the canary is per profile."""
     base = f"{host.install_root}/baselines/{host.model.name}"
-    return f"{base}/{profile_name}.jsonl", f"{base}/{profile_name}.canary.json"
+    policy = policy or host.gate_policy()
+    return f"{base}/{profile_name}.{_mix_slug(policy)}.jsonl", f"{base}/{profile_name}.canary.json"
 
 
-def has_baseline(conn: Connection, host: HostConfig) -> bool:
-    run_path, canary_path = baseline_paths(host, host.baseline_profile)
+def has_baseline(conn: Connection, host: HostConfig, policy=None) -> bool:
+    run_path, canary_path = baseline_paths(host, host.baseline_profile, policy)
     return conn.run(f"test -s {run_path} && test -s {canary_path}", check=False).ok
 
 
-def require_baseline(conn: Connection, host: HostConfig) -> None:
-    """A speculative release is judged against the host's baseline: without one, stop
-    before touching anything and say how to make it."""
-    if not has_baseline(conn, host):
-        raise ConfigError(f"no {host.baseline_profile} baseline for {host.model.name} on {host.name}: a speculative "
-                          "release is judged against the autoregressive baseline",
-                          f"deploy the baseline first ('opsctl deploy {host.baseline_profile}' stores its numbers "
-                          "the first time), or refresh it with 'opsctl bench --save-baseline' while it is live")
+def require_baseline(conn: Connection, host: HostConfig, policy=None) -> None:
+    """A speculative release is judged against the host's baseline, measured on the same
+    workload mix: without one, stop before touching anything and say how to make it."""
+    from opsctl.bench.workloads import mix_key
+
+    policy = policy or host.gate_policy()
+    if has_baseline(conn, host, policy):
+        return
+    base = f"{host.install_root}/baselines/{host.model.name}"
+    others = conn.run(f"for f in {base}/{host.baseline_profile}*.jsonl; do [ -s \"$f\" ] && head -n 1 \"$f\"; done; "
+                      f"true", check=False).stdout
+    mixes = []
+    for line in others.splitlines():
+        try:
+            meta = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(meta, dict) and meta.get("record") == "meta":
+            mixes.append(meta.get("workload_mix") or "random token ids")
+    if mixes:
+        raise ConfigError(f"the stored {host.baseline_profile} baseline on {host.name} was measured on "
+                          f"{' and '.join(sorted(set(mixes)))}; the gate measures on {mix_key(policy.workloads)}: a "
+                          "release is only compared on the same requests",
+                          f"with {host.baseline_profile} live, run 'opsctl bench --save-baseline' with this inventory "
+                          "(same workload mix as the gate policy), then deploy again")
+    raise ConfigError(f"no {host.baseline_profile} baseline for {host.model.name} on {host.name}: a speculative "
+                      "release is judged against the autoregressive baseline",
+                      f"deploy the baseline first ('opsctl deploy {host.baseline_profile}' stores its numbers "
+                      "the first time), or refresh it with 'opsctl bench --save-baseline' while it is live")
+
+
+def check_baseline_mix(baseline_meta: dict, policy, host: HostConfig) -> None:
+    from opsctl.bench.workloads import mix_key
+
+    want = mix_key(policy.workloads)
+    have = baseline_meta.get("workload_mix") or "random token ids"
+    if have != want:
+        raise ConfigError(f"the stored {host.baseline_profile} baseline on {host.name} was measured on {have}; the "
+                          f"gate measures on {want}: a release is only compared on the same requests",
+                          f"with {host.baseline_profile} live, run 'opsctl bench --save-baseline' (same workload mix "
+                          f"as the gate policy), then deploy again")
 
 
 _PROGRESS = re.compile(r"\[loadgen\] C=(\d+) repeat (\d+): (\d+)/(\d+) requests \((\d+) errors\)")
 _LEVEL_END = re.compile(r"\[loadgen\] C=(\d+) repeat (\d+): ([\d.]+) tok/s")
 
 
-def _progress_relay(progress: Callable[[Any], None] | None) -> Callable[[str], None] | None:
+def _progress_relay(progress: Callable[[Any], None] | None, rnd: int = 0) -> Callable[[str], None] | None:
     """Turn loadgen's stderr lines (from the host) back into its ProgressEvents."""
     if progress is None:
         return None
@@ -206,6 +250,7 @@ def _progress_relay(progress: Callable[[Any], None] | None) -> Callable[[str], N
         m = _PROGRESS.search(line)
         if m:
             c, rep, done, total, errors = (int(x) for x in m.groups())
+            rep += rnd
             if (c, rep) not in started:
                 started.add((c, rep))
                 progress(ProgressEvent("level_start", c, rep - 1, 0, total, 0))
@@ -213,7 +258,7 @@ def _progress_relay(progress: Callable[[Any], None] | None) -> Callable[[str], N
             return
         m = _LEVEL_END.search(line)
         if m:
-            c, rep = int(m.group(1)), int(m.group(2))
+            c, rep = int(m.group(1)), int(m.group(2)) + rnd
             if (c, rep) not in started:
                 started.add((c, rep))
                 progress(ProgressEvent("level_start", c, rep - 1, 0, 1, 0))
@@ -223,24 +268,88 @@ def _progress_relay(progress: Callable[[Any], None] | None) -> Callable[[str], N
 
 
 def measure(conn: Connection, host: HostConfig, policy, *, make_canary: bool = False, canary_file: str | None = None,
-            progress: Callable[[Any], None] | None = None, meta: dict | None = None):
-    """Run the policy's smoke bench on the host itself (network out of the numbers)."""
-    from opsctl.bench import loadgen_command
-    from opsctl.bench.results import parse_loadgen_output
+            progress: Callable[[Any], None] | None = None, meta: dict | None = None, baseline=None):
+    """Run the policy's bench on the host itself (network out of the numbers), on the
+    policy's workload mix, level by level in rounds of max(C, requests_per_level) requests.
+
+    With a `baseline`, a level stops as soon as its speedup interval clears the gate's
+    threshold either way (opsctl/confidence.py), or at `max_requests`: a clear win or loss
+    costs fewer requests than a close call. Without one (a baseline being measured) every
+    level runs to `max_requests`, so later candidates have all of its samples."""
+    from opsctl import confidence as cf
+    from opsctl.bench.results import from_records, parse_jsonl_text
+    from opsctl.bench.workloads import WorkloadSet, mix_key
 
     remote = f"{host.install_root}/bin/opsctl-loadgen.py"
     if not conn.run(f"test -f {remote}", check=False).ok:
         from opsctl.bench import LOADGEN_PATH
 
         conn.put(LOADGEN_PATH, remote, mode=0o755)
-    cmd = loadgen_command(policy, url=f"http://127.0.0.1:{host.http_port}", remote_path=remote,
-                          python=str(host.host_python), make_canary=make_canary, canary_file=canary_file)
-    res = conn.run(cmd, check=False, timeout=3600, on_stderr_line=_progress_relay(progress))
+    url = f"http://127.0.0.1:{host.http_port}"
+    workdir = f"{host.install_root}/.bench"
+    conn.run(f"mkdir -p {workdir}")
+    ws = WorkloadSet.load(policy.workloads, input_len=policy.input_len)
+    records: list[dict] = []
+    first = True
+    stopped: dict[int, str] = {}
+    for level in policy.concurrency:
+        per_round = max(int(level), policy.requests_per_level)
+        cap = max(policy.max_requests, per_round)
+        base_rates = cf.rates(cf.samples_of(baseline.at(level))) if baseline is not None else None
+        thr = (1 + policy.min_speedup) if level == policy.speedup_concurrency else (1 - policy.max_regression)
+        sent, rnd = 0, 0
+        while sent < cap:
+            reqs = ws.select(per_round, seed=policy.seed, level=level, repeat=rnd)
+            body = "".join(json.dumps({"level": level, "repeat": 0, **r.payload(policy.output_len)}) + "\n"
+                           for r in reqs)
+            path = f"{workdir}/requests-c{level}-r{rnd}.jsonl"
+            conn.run(f"cat > {path}", stdin=body)
+            argv = [str(host.host_python), remote, "--url", url, "--concurrency", str(level), "--requests-file", path,
+                    "--requests-per-level", str(per_round), "--repeats", "1", "--output-len", str(policy.output_len),
+                    "--input-len", str(policy.input_len), "--seed", str(policy.seed),
+                    "--warmup", str(policy.warmup if first else 0), "--json"]
+            records += _run_loadgen(conn, host, argv, progress, rnd)
+            first = False
+            sent += per_round
+            rnd += 1
+            if base_rates is not None:
+                cand = cf.rates(cf.samples_of(r for r in records if r.get("max_concurrency") == level))
+                iv = cf.speedup_interval(cand, base_rates, confidence=policy.confidence, seed=level)
+                decision = cf.decide(iv, thr, policy.min_requests)
+                if decision != "inconclusive":
+                    stopped[level] = f"{decision} after {sent} requests"
+                    break
+        else:
+            stopped[level] = f"cap of {sent} requests"
+    conn.run(f"rm -rf {workdir}", check=False)
+    if make_canary or canary_file:
+        argv = [str(host.host_python), remote, "--url", url, "--canary-only", "--seed", str(policy.seed), "--json"]
+        argv += (["--canary-file", canary_file] if canary_file else
+                 ["--canary-prompts", str(policy.canary_prompts), "--canary-input-len", str(policy.canary_input_len),
+                  "--canary-output-len", str(policy.canary_output_len)])
+        records += _run_loadgen(conn, host, argv, progress, 0)
+    run = from_records(records, meta={"host": host.name, "workload_mix": mix_key(policy.workloads),
+                                      "seed": policy.seed, "output_len": policy.output_len,
+                                      "stopped": {str(k): v for k, v in stopped.items()}, **(meta or {})})
+    if not run.levels:
+        raise HostError(f"bench on {host.name} produced no level results", "run opsctl bench by hand and read its output")
+    return run
+
+
+def _run_loadgen(conn: Connection, host: HostConfig, argv: list[str], progress, rnd: int) -> list[dict]:
+    from opsctl.bench.results import parse_jsonl_text
+
+    res = conn.run(shlex.join(argv), check=False, timeout=3600, on_stderr_line=_progress_relay(progress, rnd))
     if not res.ok:
         tail = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:] or [""]
         raise HostError(f"bench on {host.name} failed (exit {res.rc}): {tail[0][:300]}",
                         f"check that the server answers on 127.0.0.1:{host.http_port} on the host")
-    return parse_loadgen_output(res.stdout, meta={"host": host.name, **(meta or {})})
+    out = []
+    for rec in parse_jsonl_text(res.stdout, source="loadgen output"):
+        if rec.get("record") == "level":
+            rec = {**rec, "repeat": rnd}
+        out.append(rec)
+    return out
 
 
 def measure_via_tunnel(host: HostConfig, policy, *, progress=None, meta: dict | None = None):
@@ -268,10 +377,10 @@ def measure_via_tunnel(host: HostConfig, policy, *, progress=None, meta: dict | 
     return from_records(records, meta={"host": host.name, "via": "ssh-tunnel", **(meta or {})})
 
 
-def save_baseline(conn: Connection, host: HostConfig, profile_name: str, run) -> str:
+def save_baseline(conn: Connection, host: HostConfig, profile_name: str, run, policy=None) -> str:
     from opsctl.bench.results import write_jsonl
 
-    run_path, canary_path = baseline_paths(host, profile_name)
+    run_path, canary_path = baseline_paths(host, profile_name, policy)
     if run.canary is None or not run.canary.outputs:
         raise CheckFailed("the baseline bench produced no greedy canary outputs",
                           "check the server's /generate answers at temperature 0, then bench again")
@@ -284,11 +393,11 @@ def save_baseline(conn: Connection, host: HostConfig, profile_name: str, run) ->
     return run_path
 
 
-def load_baseline(conn: Connection, host: HostConfig):
-    run_path, _ = baseline_paths(host, host.baseline_profile)
+def load_baseline(conn: Connection, host: HostConfig, policy=None):
+    run_path, _ = baseline_paths(host, host.baseline_profile, policy)
     res = conn.run(f"cat {run_path}", check=False)
     if not res.ok:
-        require_baseline(conn, host)
+        require_baseline(conn, host, policy)
     return run_from_text(res.stdout, source=f"{host.name}:{run_path}")
 
 
@@ -310,24 +419,25 @@ def bench_and_judge(conn: Connection, host: HostConfig, profile: Profile, releas
     t0 = steps.start("bench", f"levels {','.join(map(str, policy.concurrency))}, {policy.repeats} repeat(s)")
     meta = {"release": release, "profile": profile.label, "kind": profile.kind}
     is_baseline_kind = profile.kind == "autoregressive"
-    if is_baseline_kind and profile.name == host.baseline_profile and not has_baseline(conn, host):
+    if is_baseline_kind and profile.name == host.baseline_profile and not has_baseline(conn, host, policy):
         run = measure(conn, host, policy, make_canary=True, meta=meta)
-        path = save_baseline(conn, host, profile.name, run)
+        path = save_baseline(conn, host, profile.name, run, policy)
         _store_release_bench(conn, host, release, run)
         steps.done("bench", t0, f"no baseline yet: stored this run as the {profile.name} baseline ({path})")
         rec = _verdict_record(conn, host, release, profile, "pass", [], [f"stored as the baseline ({path})"],
                               run_summary=_summary(run))
         return _outcome(True, "", rec)
-    _, canary_path = baseline_paths(host, host.baseline_profile)
-    baseline = load_baseline(conn, host)
+    _, canary_path = baseline_paths(host, host.baseline_profile, policy)
+    baseline = load_baseline(conn, host, policy)
+    check_baseline_mix(baseline.meta, policy, host)
     if is_baseline_kind:
         # a baseline-kind release is held to "no regression", not to a speedup
         policy = policy.model_copy(update={"min_speedup": -policy.max_regression})
-    first = measure(conn, host, policy, canary_file=canary_path, meta=meta)
+    first = measure(conn, host, policy, canary_file=canary_path, meta=meta, baseline=baseline)
     steps.done("bench", t0, _summary_line(first))
     t1 = steps.start("judge", f"against the {host.baseline_profile} baseline")
     verdict, run = judge_with_remeasure(
-        lambda: measure(conn, host, policy, canary_file=canary_path, meta=meta), baseline, policy,
+        lambda: measure(conn, host, policy, canary_file=canary_path, meta=meta, baseline=baseline), baseline, policy,
         profile_kind=profile.kind, canary_mismatch=first.canary.mismatch if first.canary else None,
         canary_ran=bool(first.canary and first.canary.compared), first=first)
     _store_release_bench(conn, host, release, run)
@@ -336,7 +446,9 @@ def bench_and_judge(conn: Connection, host: HostConfig, profile: Profile, releas
     rec = _verdict_record(conn, host, release, profile, verdict.status, verdict.reasons, verdict.notes,
                           rows=[r.model_dump(mode="json") for r in verdict.rows], canary=verdict.canary)
     if verdict.ok:
-        steps.done("judge", t1, "PASS: " + (verdict.notes[0] if verdict.notes else "better than the baseline"))
+        from opsctl.gates import verdict_summary
+
+        steps.done("judge", t1, f"{verdict.status.upper()}: {verdict_summary(verdict)}")
         return _outcome(True, "", rec)
     steps.done("judge", t1, verdict.one_line(), status="fail")
     return _outcome(False, verdict.one_line(), rec)
@@ -349,7 +461,9 @@ def _row(r) -> dict:
     return {"C": r.concurrency, "baseline tok/s": f(r.baseline_tok_s, "%.1f"), "release tok/s": f(r.candidate_tok_s, "%.1f"),
             "delta": f(r.delta_pct, "%+.1f%%"), "ITL p50 base": f(r.baseline_itl_p50_ms, "%.2f ms"),
             "ITL p50 rel": f(r.candidate_itl_p50_ms, "%.2f ms"), "accept": f(r.accept_length, "%.2f"),
-            "errors": r.errors, "status": r.status}
+            "errors": r.errors,
+            "CI": (f"[{r.low_pct:+.1f}, {r.high_pct:+.1f}] % n={r.samples}" if r.low_pct is not None else "-"),
+            "status": r.why or r.status}
 
 
 def _summary(run) -> list[dict]:
@@ -408,7 +522,7 @@ def bench_live(inv: Inventory, *, limit: str | None = None, overrides: dict | No
                                       f"{host.baseline_profile}", f"deploy {host.baseline_profile} first, then "
                                       "run 'opsctl bench --save-baseline'")
                 run = measure(conn, host, policy, make_canary=True, progress=progress, meta=meta)
-                path = save_baseline(conn, host, profile.name, run)
+                path = save_baseline(conn, host, profile.name, run, policy)
                 append_ledger(conn, host, {"action": "baseline", "result": "ok", "release": cur.id,
                                            "profile": profile.name, "reason": f"baseline saved to {path}",
                                            "summary": _summary(run)})

@@ -162,61 +162,75 @@ class SSHConnection:
 
     def run(self, command: str, *, check: bool = True, timeout: float | None = None,
             stdin: str | None = None, on_stderr_line: Callable[[str], None] | None = None) -> Result:
-        conn = self._connection()
-        start = time.monotonic()
-        if stdin is not None:
-            # invoke feeds in_stream a byte per 10 ms; send the bytes on the channel directly
-            return self._run_with_stdin(command, stdin, check=check, timeout=timeout, start=start)
-        kwargs: dict = {"hide": True, "warn": True, "in_stream": False}
-        if on_stderr_line:  # stream stderr lines as they arrive (progress of long remote steps)
-            kwargs.update(hide="stdout", err_stream=_LineWriter(on_stderr_line))
-        if timeout:
-            kwargs["timeout"] = timeout
-        try:
-            res = conn.run(command, **kwargs)
-            rc, out, err = res.exited, res.stdout, res.stderr
-        except Exception as exc:  # invoke.CommandTimedOut and transport errors
-            if type(exc).__name__ == "CommandTimedOut":
-                rc, out, err = 124, "", f"timed out after {timeout}s"
-            else:
-                raise HostError(f"lost the SSH connection to {self.name} while running {command[:80]!r}: {exc}",
-                                "check the host is up, then run the command again") from exc
-        result = Result(command, rc, out, err, time.monotonic() - start, self.name)
-        return result.check() if check else result
+        """Run `command` on a channel of our own: no pty, nothing forwards ^C to the host.
+        A signal on the controller (opsctl/brake.py) closes the channel and propagates."""
+        from opsctl.errors import OpsctlError
 
-    def _run_with_stdin(self, command: str, stdin: str, *, check: bool, timeout: float | None,
-                        start: float) -> Result:
         transport = self._connection().client.get_transport()
+        start = time.monotonic()
+        chan = None
         try:
             chan = transport.open_session(timeout=self.connect_timeout)
-            if timeout:
-                chan.settimeout(timeout)
             chan.exec_command(command)
-            chan.sendall(stdin.encode())
+            if stdin is not None:
+                # (invoke fed in_stream a byte per 10 ms; the bytes go on the channel directly)
+                chan.sendall(stdin.encode())
             chan.shutdown_write()
             out, err = bytearray(), bytearray()
+            err_lines = _LineWriter(on_stderr_line) if on_stderr_line else None
             while True:
+                busy = False
                 if chan.recv_ready():
                     out += chan.recv(65536)
-                elif chan.recv_stderr_ready():
-                    err += chan.recv_stderr(65536)
-                elif chan.exit_status_ready():
-                    while chan.recv_ready():
-                        out += chan.recv(65536)
-                    while chan.recv_stderr_ready():
-                        err += chan.recv_stderr(65536)
+                    busy = True
+                if chan.recv_stderr_ready():
+                    chunk = chan.recv_stderr(65536)
+                    err += chunk
+                    if err_lines:
+                        err_lines.write(chunk.decode(errors="replace"))
+                    busy = True
+                if busy:
+                    continue
+                if chan.exit_status_ready():
+                    # sshd may send the exit status before the last output: read both streams to EOF
+                    chan.settimeout(30)
+                    try:
+                        while True:
+                            data = chan.recv(65536)
+                            if not data:
+                                break
+                            out += data
+                        while True:
+                            chunk = chan.recv_stderr(65536)
+                            if not chunk:
+                                break
+                            err += chunk
+                            if err_lines:
+                                err_lines.write(chunk.decode(errors="replace"))
+                    except socket.timeout:
+                        pass  # a child that keeps the channel open (a daemon): what came is what we have
                     break
-                else:
-                    if timeout and time.monotonic() - start > timeout:
-                        chan.close()
-                        result = Result(command, 124, out.decode(errors="replace"), f"timed out after {timeout}s",
-                                        time.monotonic() - start, self.name)
-                        return result.check() if check else result
-                    time.sleep(0.005)
+                if timeout and time.monotonic() - start > timeout:
+                    chan.close()
+                    result = Result(command, 124, out.decode(errors="replace"), f"timed out after {timeout}s",
+                                    time.monotonic() - start, self.name)
+                    return result.check() if check else result
+                if not transport.is_active():
+                    raise EOFError("the SSH transport closed")
+                time.sleep(0.005)
             rc = chan.recv_exit_status()
+            if err_lines and err_lines.buf:
+                err_lines.write("\n")
             chan.close()
+        except OpsctlError:
+            if chan is not None:
+                chan.close()
+            raise
         except Exception as exc:  # noqa: BLE001 - transport errors become one HostError
-            raise HostError(f"lost the SSH connection to {self.name} while running {command[:80]!r}: {exc}",
+            if chan is not None:
+                chan.close()
+            raise HostError(f"host {self.name} became unreachable: lost the SSH connection while running "
+                            f"{command[:80]!r}: {exc or type(exc).__name__}",
                             "check the host is up, then run the command again") from exc
         result = Result(command, rc, out.decode(errors="replace"), err.decode(errors="replace"),
                         time.monotonic() - start, self.name)

@@ -651,13 +651,48 @@ def looks_like_json_export(text: str) -> bool:
     return head in ("{", "[") and '"MESSAGE"' in text[:20000]
 
 
+# What made a server die, most specific first: the line an operator must read.
+_CAUSES = [
+    ("port in use", re.compile(r"address already in use", re.I)),
+    ("CUDA-graph capture failed", re.compile(r"Capture cuda graph failed", re.I)),
+    ("CUDA out of memory", re.compile(r"CUDA (error: )?out of memory|OutOfMemoryError", re.I)),
+    ("CUDA error", re.compile(r"CUDA error: .+|illegal memory access", re.I)),
+    ("exception", re.compile(r"^(\w+\.)*\w*(Error|Exception): .+")),
+    ("error", re.compile(r"\bERROR\b|\berror:")),
+]
+
+
+def first_cause(text_lines: list[str]) -> tuple[str, str] | None:
+    """(kind, line) of the most specific failure cause among a unit's log lines: the first
+    `address already in use`, then a capture failure, OOM, CUDA error (the crash line),
+    an exception line, a generic error line. None when nothing looks like a failure."""
+    for kind, pat in _CAUSES:
+        for line in text_lines:
+            msg = line.strip()
+            if pat.search(msg):
+                return kind, msg[:300]
+    return None
+
+
+def looks_like_sglang(parsed: ParsedJournal) -> bool:
+    """Does a parsed file hold a server log? Lines that SGLang prints carry its prefix (a
+    timestamp, a rank, a journald pid) or are its server_args line; a README that quotes
+    the ready line does not."""
+    return any(ln.timestamp is not None or ln.rank or ln.pid is not None or "server_args=ServerArgs(" in ln.text
+               for ln in parsed.lines[:20000])
+
+
 def load_file(path: str | Path) -> ParsedJournal:
     """Parse a saved journal: JSON export (`journalctl -o json`) or text, detected from the content."""
     path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8", "replace")
+        raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}", "check the path of --from-file") from None
+    if b"\0" in raw[:65536]:
+        raise ConfigError(f"{path} is not a text file (it holds NUL bytes)",
+                          "pass a saved journal: journalctl -u UNIT > FILE (text) or -o json")
+    text = raw.decode("utf-8", "replace")
     if looks_like_json_export(text):
         try:
             return parse(load_entries_json(text))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from opsctl.brake import BRAKE
 from opsctl.config import HostConfig, Inventory
 from opsctl.errors import HostError
 
@@ -120,12 +121,69 @@ def run_playbook(inventory: Inventory, host: HostConfig, playbook: str, extravar
         return True
 
     t0 = time.monotonic()
+    # A signal must not unwind through ansible-runner's pexpect loop (the playbook would run on
+    # without us): it is held, the runner's cancel callback sees it within 0.25 s and kills
+    # ansible-playbook's process group, and the brake raises Interrupted once we are out.
+    with BRAKE.held():
+        result = _run(ansible_runner, work, pb, inventory, host, extravars, envvars, on_event, timeout_s, steps, t0)
+        if result is None:
+            return PlayResult(playbook, -1, "canceled", 0, 0, 0, 0, steps, time.monotonic() - t0)
+    if not result.succeeded:
+        bad = next((s for s in steps if s.status in ("failed", "unreachable")), None)
+        if bad and bad.status == "unreachable" or result.unreachable or not _reachable(host):
+            # a connection lost mid-loop surfaces as a failed item ("All items completed"): ask the host
+            raise HostError(f"host {host.name} ({host.ssh.address}) became unreachable over SSH"
+                            + (f": {bad.message}" if bad and bad.message else ""),
+                            "check the address/key in the inventory" +
+                            ("; for the lab run 'opsctl lab up'" if not host.ssh.strict_host_keys else ""),
+                            details={"steps": [s.as_dict() for s in steps]})
+        what = f"step '{bad.task}' failed: {bad.message}" if bad else f"ansible status {result.status} rc={result.rc}"
+        raise HostError(f"{playbook} on {host.name}: {what}", "see the step output above; the live release was not touched",
+                        details={"steps": [s.as_dict() for s in steps]})
+    return result
+
+
+def _reachable(host: HostConfig) -> bool:
+    import socket
+
+    try:
+        socket.create_connection((host.ssh.address, host.ssh.port), timeout=3).close()
+        return True
+    except OSError:
+        return False
+
+
+def _dies_with_us(work: Path) -> str | None:
+    """A directory to put first on PATH holding an `ansible-playbook` that runs the real one
+    behind setpriv --pdeathsig: it ends when opsctl does, also on kill -9 (a staging child
+    must not run on without the deploy lock). None where setpriv is missing."""
+    setpriv = shutil.which("setpriv")
+    real = shutil.which("ansible-playbook", path=_ansible_bin_dir())
+    if not setpriv or not real:
+        return None
+    d = work / "bin"
+    d.mkdir(exist_ok=True)
+    wrapper = d / "ansible-playbook"
+    wrapper.write_text(f"#!/bin/sh\nexec {setpriv} --pdeathsig TERM {real} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return str(d)
+
+
+def _run(ansible_runner, work: Path, pb: Path, inventory: Inventory, host: HostConfig, extravars: dict,
+         envvars: dict, on_event, timeout_s: int, steps: list[PlayStep], t0: float) -> PlayResult | None:
+    playbook = pb.name
+    first = _dies_with_us(work)
+    if first:
+        envvars = {**envvars, "PATH": first + os.pathsep + envvars["PATH"]}
     try:
         runner = ansible_runner.run(
             private_data_dir=str(work), playbook=str(pb), inventory=str(inventory.path.resolve()),
             limit=host.name, extravars=extravars, envvars=envvars, quiet=True, event_handler=on_event,
-            timeout=timeout_s, json_mode=False,
+            timeout=timeout_s, json_mode=False, cancel_callback=lambda: BRAKE.requested,
+            settings={"pexpect_timeout": 0.25},
         )
+        if runner.status == "canceled":
+            return None
         stats = runner.stats or {}
 
         def count(key: str) -> int:
@@ -135,17 +193,6 @@ def run_playbook(inventory: Inventory, host: HostConfig, playbook: str, extravar
                             count("failures"), count("dark"), steps, time.monotonic() - t0)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    if not result.succeeded:
-        bad = next((s for s in steps if s.status in ("failed", "unreachable")), None)
-        if bad and bad.status == "unreachable" or result.unreachable:
-            raise HostError(f"host {host.name} ({host.ssh.address}) is unreachable over SSH"
-                            + (f": {bad.message}" if bad and bad.message else ""),
-                            "check the address/key in the inventory" +
-                            ("; for the lab run 'opsctl lab up'" if not host.ssh.strict_host_keys else ""),
-                            details={"steps": [s.as_dict() for s in steps]})
-        what = f"step '{bad.task}' failed: {bad.message}" if bad else f"ansible status {result.status} rc={result.rc}"
-        raise HostError(f"{playbook} on {host.name}: {what}", "see the step output above; the live release was not touched",
-                        details={"steps": [s.as_dict() for s in steps]})
     return result
 
 

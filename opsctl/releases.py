@@ -16,7 +16,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from opsctl.config import HostConfig
@@ -24,8 +24,12 @@ from opsctl.errors import HostError, LockHeldError
 from opsctl.hosts import Connection, SSHConnection
 
 
-def release_id(profile_slug: str, rendered_digest: str, runtime_sha: str | None, drafter_digest: str | None) -> str:
-    h = hashlib.sha256("\0".join([rendered_digest, runtime_sha or "-", drafter_digest or "-"]).encode())
+def release_id(profile_slug: str, rendered_digest: str, runtime_sha: str | None, drafter_digest: str | None,
+               secrets_sha: str | None = None) -> str:
+    """Content address of a release. `secrets_sha` (a hash of the secrets file's content, never
+    the values) makes a rotated secret a new release."""
+    parts = [rendered_digest, runtime_sha or "-", drafter_digest or "-"] + ([secrets_sha] if secrets_sha else [])
+    h = hashlib.sha256("\0".join(parts).encode())
     return f"{profile_slug}-{h.hexdigest()[:10]}"
 
 
@@ -73,6 +77,7 @@ class HostState:
     releases: dict[str, ReleaseInfo] = field(default_factory=dict)
     ledger: list[dict] = field(default_factory=list)
     service: dict[str, str] = field(default_factory=dict)
+    ledger_errors: list[str] = field(default_factory=list)  # "line N: why", for lines skipped on read
 
     @property
     def current_release(self) -> ReleaseInfo | None:
@@ -86,6 +91,41 @@ class HostState:
             if rec.get("action") in ("promote", "rollback") and rec.get("result") == "ok" and rel \
                     and rel != exclude and rel in self.releases:
                 return rel
+        return None
+
+    def judged(self, release: str) -> bool:
+        """Did the newest ledger record about `release` judge it good (promoted, or put
+        back by a rollback)? A deploy that started or was interrupted after it did not."""
+        for rec in reversed(self.ledger):
+            if rec.get("to_release") != release:
+                continue
+            if rec.get("action") in ("promote", "rollback"):
+                return rec.get("result") == "ok"
+            if rec.get("action") == "deploy" and (rec.get("result") == "started" or
+                                                  (rec.get("result") == "interrupted" and rec.get("switched"))):
+                return False
+        return False
+
+    def verdict_for(self, release: str | None) -> dict | None:
+        """The newest gate verdict of `release` (None for a release never benchmarked)."""
+        if not release:
+            return None
+        for rec in reversed(self.ledger):
+            if rec.get("action") == "verdict" and rec.get("release") == release:
+                return rec
+        return None
+
+    def interrupted_deploy(self) -> dict | None:
+        """The last deploy record if that deploy never finished (interrupted, or the
+        controller died): started/interrupted with no promote/rollback after it."""
+        for rec in reversed(self.ledger):
+            act, res = rec.get("action"), rec.get("result")
+            if act in ("promote", "rollback"):
+                return None
+            if act == "deploy" and res in ("started", "interrupted"):
+                return rec
+            if act == "deploy":
+                return None
         return None
 
     def baseline(self, baseline_profile: str) -> str | None:
@@ -113,6 +153,7 @@ def read_state(conn: Connection, host: HostConfig) -> HostState:
     )
     res = conn.run(script, check=False)
     state = HostState(current=None)
+    ledger_no = 0
     for line in res.stdout.splitlines():
         if line.startswith("CURRENT="):
             state.current = line.split("=", 1)[1].strip() or None
@@ -123,10 +164,19 @@ def read_state(conn: Connection, host: HostConfig) -> HostState:
             except ValueError:
                 continue
         elif line.startswith("LEDGER "):
-            try:
-                state.ledger.append(json.loads(line[7:]))
-            except ValueError:
+            ledger_no += 1
+            body = line[7:]
+            if not body.strip():
                 continue
+            try:
+                rec = json.loads(body)
+            except ValueError as exc:
+                state.ledger_errors.append(f"line {ledger_no}: not JSON ({exc.msg}): {body[:80]!r}")
+                continue
+            if not isinstance(rec, dict):
+                state.ledger_errors.append(f"line {ledger_no}: not a record (a JSON {type(rec).__name__}): {body[:80]!r}")
+                continue
+            state.ledger.append(rec)
         elif line.startswith("SERVICE "):
             state.service = dict(kv.strip().split("=", 1) for kv in line[8:].split("|") if "=" in kv)
     if state.current == "" or state.current == ".":
@@ -134,10 +184,25 @@ def read_state(conn: Connection, host: HostConfig) -> HostState:
     return state
 
 
+LEDGER_APPEND = Path(__file__).resolve().parent.parent / "playbooks" / "files" / "opsctl-ledger-append"
+
+
+def _ledger_append_source() -> str:
+    return LEDGER_APPEND.read_text()
+
+
 def append_ledger(conn: Connection, host: HostConfig, record: dict[str, Any]) -> dict:
+    """One record, appended by the host-side appender (playbooks/files/opsctl-ledger-append,
+    sent inline so it works before the first playbook ran): one write under an flock,
+    fsynced, a torn last line moved aside first."""
     rec = {"ts": now_iso(), "host": host.name, "who": who(), **record}
     line = json.dumps(rec, sort_keys=False, default=str)
-    conn.run(f"mkdir -p {host.install_root} && cat >> {host.install_root}/ledger.jsonl", stdin=line + "\n")
+    res = conn.run(f"{host.host_python} -c {shlex.quote(_ledger_append_source())} "
+                   f"{shlex.quote(str(host.install_root / 'ledger.jsonl'))}", stdin=line + "\n", check=False)
+    if not res.ok:
+        raise HostError(f"could not append to the ledger on {host.name}: "
+                        f"{(res.stderr.strip().splitlines() or ['exit %d' % res.rc])[-1]}",
+                        f"free space under {host.install_root} on the host, then run 'opsctl status'")
     return rec
 
 

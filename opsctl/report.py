@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from opsctl.bench.results import BenchRun
 from opsctl.gates import Verdict
 
-PLOT_SIZE_IN = (10.0, 4.0)
+PLOT_SIZE_IN = (15.0, 4.0)
 PLOT_DPI = 100
 PLOT_PIXELS = (int(PLOT_SIZE_IN[0] * PLOT_DPI), int(PLOT_SIZE_IN[1] * PLOT_DPI))  # (width, height)
 
@@ -64,8 +64,11 @@ def _label(run: BenchRun, default: str) -> str:
 
 
 # --------------------------------------------------------------------------- PNG
-def plot_png(run: BenchRun, path: str | Path, baseline: BenchRun | None = None, *, title: str | None = None) -> Path:
-    """Write the plot; its size is exactly PLOT_PIXELS (width, height)."""
+def plot_png(run: BenchRun, path: str | Path, baseline: BenchRun | None = None, *, title: str | None = None,
+             verdict: Verdict | None = None) -> Path:
+    """Write the plot (tok/s, ITL p50 and accept length vs concurrency; with a verdict, the
+    gate's limits drawn in: the baseline x (1 - max regression) and the accept-length floor,
+    so a reader sees why a level passed). Its size is exactly PLOT_PIXELS (width, height)."""
     import matplotlib
     matplotlib.use("Agg", force=True)
     from matplotlib.figure import Figure
@@ -74,18 +77,45 @@ def plot_png(run: BenchRun, path: str | Path, baseline: BenchRun | None = None, 
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fig = Figure(figsize=PLOT_SIZE_IN, dpi=PLOT_DPI)
-    ax_tok, ax_itl = fig.subplots(1, 2)
+    ax_tok, ax_itl, ax_acc = fig.subplots(1, 3)
     series = [(run.median(), _label(run, "release"), "tab:blue", "o-")]
     if baseline is not None:
         series.append((baseline.median(), _label(baseline, "baseline") + " (baseline)", "tab:gray", "s--"))
     levels: set[int] = set()
+    any_accept = False
     for r, label, color, style in series:
         xs = [lv.level for lv in r.levels]
         levels.update(xs)
         ax_tok.plot(xs, [lv.output_throughput for lv in r.levels], style, color=color, label=label)
         ax_itl.plot(xs, [lv.median_itl_ms for lv in r.levels], style, color=color, label=label)
+        acc = [(lv.level, lv.accept) for lv in r.levels if lv.accept is not None]
+        if acc:
+            any_accept = True
+            ax_acc.plot([a for a, _ in acc], [b for _, b in acc], style, color=color, label=label)
+            for x, y in acc:
+                ax_acc.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(0, 5), fontsize=7,
+                                ha="center", color=color)
+    for name, pts in per_workload_accept(run).items():
+        any_accept = True
+        ax_acc.plot([c for c, _ in pts], [a for _, a in pts], ":", marker=".", label=f"{name} (release)")
+    policy = (verdict.policy or {}) if verdict is not None else {}
+    if verdict is not None and baseline is not None and "max_regression" in policy:
+        bm = baseline.median().levels
+        limit = 1.0 - float(policy["max_regression"])
+        ax_tok.plot([lv.level for lv in bm], [lv.output_throughput * limit for lv in bm], ":", color="tab:red",
+                    label=f"gate limit: baseline -{float(policy['max_regression']) * 100:.0f} %")
+    floor = None
+    if verdict is not None:
+        floors = policy.get("accept_length_floor") or {}
+        floor = floors.get(verdict.profile_kind)
+        if floor is not None:
+            ax_acc.axhline(float(floor), linestyle=":", color="tab:red",
+                           label=f"gate floor {float(floor):.2f} ({verdict.profile_kind})")
+    if not any_accept and floor is None:
+        ax_acc.text(0.5, 0.5, "no accept length reported\n(autoregressive, or no --enable-metrics)",
+                    ha="center", va="center", transform=ax_acc.transAxes, fontsize=9, color="0.4")
     ticks = sorted(levels) or [1]
-    for ax, ylabel in ((ax_tok, "output tokens/s"), (ax_itl, "ITL p50 (ms)")):
+    for ax, ylabel in ((ax_tok, "output tokens/s"), (ax_itl, "ITL p50 (ms)"), (ax_acc, "accept length (tokens/step)")):
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_locator(FixedLocator(ticks))
         ax.xaxis.set_minor_locator(NullLocator())
@@ -94,14 +124,54 @@ def plot_png(run: BenchRun, path: str | Path, baseline: BenchRun | None = None, 
         ax.set_ylabel(ylabel)
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     ax_tok.set_title("output throughput")
     ax_itl.set_title("inter-token latency (p50)")
+    ax_acc.set_title("accept length per level")
     if title:
         fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(p, format="png", dpi=PLOT_DPI)
     return p
+
+
+def per_workload_accept(run: BenchRun) -> dict[str, list[tuple[int, float]]]:
+    """{workload: [(level, accept length), ...]} from the run's request samples."""
+    from opsctl import confidence as cf
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for c in run.concurrencies():
+        samples = cf.samples_of(run.at(c))
+        for name in sorted({s.workload for s in samples if s.workload}):
+            acc = cf.accept_length(samples, name)
+            if acc is not None:
+                out.setdefault(name, []).append((c, acc))
+    return out
+
+
+def workload_rows(run: BenchRun, baseline: BenchRun | None, verdict: Verdict | None) -> list[list[str]]:
+    """Per level and workload: requests, mean request tok/s, speedup with its interval, accept
+    length against the baseline's: where a release wins and where it loses."""
+    from opsctl import confidence as cf
+
+    rows = []
+    by_level = {r.concurrency: r for r in (verdict.rows if verdict else [])}
+    for c in run.concurrencies():
+        cs = cf.samples_of(run.at(c))
+        bs = cf.samples_of(baseline.at(c)) if baseline is not None else []
+        for name in sorted({s.workload for s in cs if s.workload}):
+            rc = cf.rates(cs, name)
+            w = by_level.get(c).workloads.get(name, {}) if c in by_level else {}
+            iv = cf.speedup_interval(rc, cf.rates(bs, name)) if bs else None
+            rows.append([str(c), name, str(len(rc)), _fmt(sum(rc) / len(rc) if rc else None, "%.1f"),
+                         iv.pct() if iv else "-", _fmt(cf.accept_length(cs, name), "%.2f"),
+                         _fmt(cf.accept_length(bs, name), "%.2f") if bs else "-", str(w.get("status", "-"))])
+    return rows
+
+
+WORKLOAD_HEAD = ["C", "workload", "requests", "request tok/s", "speedup (CI)", "accept len", "baseline accept",
+                 "judged"]
 
 
 # --------------------------------------------------------------------------- Markdown / HTML
@@ -115,7 +185,7 @@ def _table_rows(run: BenchRun, baseline: BenchRun | None, verdict: Verdict | Non
                 "accept len", "errors", "status"]
         rows = [[str(r.concurrency), _fmt(r.baseline_tok_s, "%.1f"), _fmt(r.candidate_tok_s, "%.1f"),
                  _fmt(r.delta_pct, "%+.1f%%"), _fmt(r.baseline_itl_p50_ms, "%.2f ms"),
-                 _fmt(r.candidate_itl_p50_ms, "%.2f ms"), _fmt(r.accept_length, "%.2f"), str(r.errors), r.status]
+                 _fmt(r.candidate_itl_p50_ms, "%.2f ms"), _fmt(r.accept_length, "%.2f"), str(r.errors), r.why or r.status]
                 for r in verdict.rows]
         return head, rows
     if baseline is not None:
@@ -147,6 +217,11 @@ def markdown(run: BenchRun, baseline: BenchRun | None = None, verdict: Verdict |
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "|".join(" --- " for _ in head) + "|")
     lines += ["| " + " | ".join(r) + " |" for r in rows]
+    wrows = workload_rows(run, baseline, verdict)
+    if wrows:
+        lines += ["", "Per workload (where the release wins and where it loses):", "",
+                  "| " + " | ".join(WORKLOAD_HEAD) + " |", "|" + "|".join(" --- " for _ in WORKLOAD_HEAD) + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in wrows]
     if run.canary is not None:
         c = run.canary
         lines.append("")
@@ -155,7 +230,8 @@ def markdown(run: BenchRun, baseline: BenchRun | None = None, verdict: Verdict |
         elif c.mismatch:
             lines.append(f"Canary: MISMATCH at prompt {c.mismatch['prompt']}, token {c.mismatch['position']}")
         else:
-            lines.append(f"Canary: {len(c.prompts)} prompts" + (", identical to the baseline" if c.compared else ""))
+            lines.append(f"Canary: {len(c.prompts)} prompts" + (", identical to the baseline" if c.compared
+                                                                else ", not compared with a baseline"))
     if plot_name:
         lines += ["", f"![throughput and ITL vs concurrency]({plot_name})"]
     return "\n".join(lines) + "\n"
@@ -181,9 +257,14 @@ def html(run: BenchRun, baseline: BenchRun | None = None, verdict: Verdict | Non
     head, rows = _table_rows(run, baseline, verdict)
     parts.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>")
     for r in rows:
-        cls = r[-1] if r[-1] in ("pass", "marginal", "fail") else ""
+        cls = r[-1].split(" ")[0] if r[-1].split(" ")[0] in ("pass", "marginal", "fail") else ""
         parts.append(f"<tr class='{cls}'>" + "".join(f"<td>{e(x)}</td>" for x in r) + "</tr>")
     parts.append("</table>")
+    wrows = workload_rows(run, baseline, verdict)
+    if wrows:
+        parts.append("<h2>Per workload</h2><table><tr>" + "".join(f"<th>{e(h)}</th>" for h in WORKLOAD_HEAD) + "</tr>")
+        parts += ["<tr>" + "".join(f"<td>{e(x)}</td>" for x in r) + "</tr>" for r in wrows]
+        parts.append("</table>")
     if plot_name:
         parts.append(f"<p><img src='{e(plot_name)}' alt='throughput and ITL vs concurrency'></p>")
     parts.append("</body></html>")
@@ -195,7 +276,7 @@ def write_report(run: BenchRun, out_dir: str | Path, baseline: BenchRun | None =
     """Write `<name>.png`, `<name>.md` and `<name>.html` into out_dir."""
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
-    png = plot_png(run, d / f"{name}.png", baseline,
+    png = plot_png(run, d / f"{name}.png", baseline, verdict=verdict,
                    title=None if verdict is None else f"{_label(run, 'release')}: {verdict.status}")
     md = d / f"{name}.md"
     md.write_text(markdown(run, baseline, verdict, plot_name=png.name), encoding="utf-8")

@@ -4,10 +4,20 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from opsctl.errors import ConfigError
 from opsctl.render import Rendered
 
 
 def write_rendered(rendered: Rendered, out: Path) -> list[Path]:
+    try:
+        return _write(rendered, out)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the rendered files under {out}: {exc.strerror or exc}"
+                          + (f" ({exc.filename})" if exc.filename else ""),
+                          "pass --out a directory you can write to, e.g. --out /tmp/render") from None
+
+
+def _write(rendered: Rendered, out: Path) -> list[Path]:
     written = []
     for host_path, text in rendered.files.items():
         target = out / host_path.lstrip("/")

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SESSION_LOCK = Path("/run/opsctl-lab.session.lock")
+SESSION_LOCK = Path("/run/opsctl-lab.session.lock")  # = opsctl.lab.constants.SESSION_LOCK, which `opsctl lab` takes
 
 
 def _lab_unavailable() -> str | None:
@@ -118,14 +118,19 @@ def lab_host():
     from opsctl import lab
     from opsctl.lab import constants as C
 
+    from opsctl.lab import holder
+
+    assert C.SESSION_LOCK == SESSION_LOCK
     with _session_lock():
         try:
             lab.up(say=lambda m: print(m, flush=True))
+            holder.write_holder("pytest session")
             yield LabHost(address=C.GUEST_IP, port=C.SSH_PORT, user=C.SSH_USER, key_file=C.KEY_FILE,
                           inventory_dir=REPO / "inventories" / "lab")
         finally:
             if os.environ.get("OPSCTL_LAB_KEEP") != "1":
                 lab.down(say=lambda m: print(m, flush=True))   # raises LabError on leftovers
+                holder.clear_holder()
                 left = lab.leftovers()
                 assert left == [], f"lab teardown left: {left}"
 

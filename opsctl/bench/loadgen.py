@@ -89,6 +89,8 @@ class LoadSpec:
     vocab_low: int = 1000              # random token ids are drawn from [vocab_low, vocab_high)
     vocab_high: int = 30000
     prompt_file: Optional[str] = None
+    requests_file: Optional[str] = None  # JSON lines {level, repeat, workload, messages|input_ids, max_tokens}
+    canary_only: bool = False            # run the greedy canary alone (no warm-up, no levels)
     request_timeout_s: float = 300.0   # one request, from connect to [DONE]
     idle_timeout_s: float = 60.0       # the longest silence inside one stream
     level_timeout_s: float = 1800.0    # one level; requests past it are errors
@@ -134,6 +136,7 @@ class RequestResult:
     spec_verify_ct: int = 0
     output_ids: List[int] = field(default_factory=list)
     meta: Dict[str, Any] = field(default_factory=dict)   # meta_info of the final event
+    workload: str = ""
 
 
 @dataclass
@@ -345,12 +348,16 @@ async def http_json(url: str, path: str, payload: Any = None, timeout: float = 3
 # --------------------------------------------------------------------------- one streamed request
 async def stream_generate(url: str, payload: Dict[str, Any], timeout: float = 300.0,
                           idle_timeout: float = 60.0, deadline: Optional[float] = None,
-                          keep_output_ids: bool = False) -> RequestResult:
-    """POST a streaming `/generate` and time every SSE event. Never raises for
-    server or network failures: they come back as `success=False, error=...`."""
+                          keep_output_ids: bool = False, path: str = "/generate") -> RequestResult:
+    """POST a streaming `/generate` (or `/v1/chat/completions`, path=...) and time every SSE
+    event. Never raises for server or network failures: they come back as
+    `success=False, error=...`."""
     res = RequestResult()
+    chat = path.endswith("/chat/completions")
     host, port, prefix = _split_url(url)
     body = json.dumps(dict(payload, stream=True)).encode()
+    chunks = 0          # chat: content chunks (one per decode step that produced text)
+    usage_tokens = -1   # chat: usage.completion_tokens of the final chunk
     dog: Optional[_Watchdog] = None
     st = time.perf_counter()
     res.start_time = st
@@ -358,7 +365,7 @@ async def stream_generate(url: str, payload: Dict[str, Any], timeout: float = 30
     writer = None
     try:
         status, _h, reader, writer, rest, mode, length = await _open_request(
-            host, port, "POST", prefix + "/generate", body, dl, idle_timeout, accept="text/event-stream")
+            host, port, "POST", prefix + path, body, dl, idle_timeout, accept="text/event-stream")
         if status != 200:
             dec = _BodyDecoder(mode, length)
             text = dec.feed(rest)
@@ -405,6 +412,26 @@ async def stream_generate(url: str, payload: Dict[str, Any], timeout: float = 30
                             if err is not None:
                                 res.error = "server error: %s" % (json.dumps(err)[:300],)
                                 return res
+                        if chat:
+                            obj = json.loads(chunk)
+                            usage = obj.get("usage")
+                            if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
+                                usage_tokens = int(usage["completion_tokens"])
+                                res.prompt_len = int(usage.get("prompt_tokens") or 0)
+                            ext = (obj.get("sglext") or {}).get("spec_tokens_details")
+                            if isinstance(ext, dict):
+                                res.spec_verify_ct = int(ext.get("spec_verify_ct") or 0)
+                            choices = obj.get("choices") or []
+                            if not (choices and (choices[0].get("delta") or {}).get("content")):
+                                continue
+                            chunks += 1
+                            if chunks == 1:
+                                res.ttft = now - st
+                            else:
+                                res.itl.append(now - most_recent)  # per chunk; rescaled to tokens below
+                            most_recent = now
+                            last_len = chunks
+                            continue
                         m = _COMPLETION_RE.search(chunk)
                         if m is not None:
                             n = int(m.group(1))
@@ -430,6 +457,13 @@ async def stream_generate(url: str, payload: Dict[str, Any], timeout: float = 30
         if dog.fired:
             raise asyncio.TimeoutError()
         res.output_len = last_len
+        if chat:
+            if usage_tokens > 0:
+                # a chunk carries every token a decode step committed: spread its gap over them
+                per = usage_tokens / max(chunks, 1)
+                res.itl = [g / per for g in res.itl for _ in range(max(1, round(per)))][: max(usage_tokens - 1, 0)]
+                res.output_len = usage_tokens
+            last_event = None
         if last_event is not None:
             try:
                 final = json.loads(last_event)
@@ -655,6 +689,14 @@ async def fetch_accept_lengths(url: str, timeout: float = 10.0) -> Dict[str, Opt
 
 
 # --------------------------------------------------------------------------- levels
+def _chat_payload(req: Dict[str, Any], output_len: int, ignore_eos: bool) -> Dict[str, Any]:
+    """An OpenAI chat-completions request as users send it (the server applies the model's
+    chat template), greedy, with SGLang's per-request speculative details and usage."""
+    return {"messages": req["messages"], "max_tokens": int(req.get("max_tokens") or output_len),
+            "temperature": 0.0, "ignore_eos": ignore_eos, "stream_options": {"include_usage": True},
+            "return_spec_tokens_details": True}
+
+
 def _payload(prompt: Dict[str, Any], output_len: int, ignore_eos: bool, temperature: float = 0.0) -> Dict[str, Any]:
     return dict(prompt, sampling_params={"temperature": temperature, "max_new_tokens": output_len,
                                          "ignore_eos": ignore_eos})
@@ -681,9 +723,16 @@ async def _run_batch(spec: LoadSpec, concurrency: int, prompts: List[Dict[str, A
             next_i[0] = i + 1
             if time.perf_counter() >= deadline:
                 r = RequestResult(error="level time budget (%.0fs) exhausted" % spec.level_timeout_s)
+            elif "messages" in prompts[i]:
+                r = await stream_generate(spec.url, _chat_payload(prompts[i], spec.output_len, spec.ignore_eos),
+                                          spec.request_timeout_s, spec.idle_timeout_s, deadline,
+                                          path="/v1/chat/completions")
             else:
-                r = await stream_generate(spec.url, _payload(prompts[i], spec.output_len, spec.ignore_eos),
+                p = {k: v for k, v in prompts[i].items() if k in ("input_ids", "text")}
+                r = await stream_generate(spec.url, _payload(p, int(prompts[i].get("max_tokens") or spec.output_len),
+                                                             spec.ignore_eos),
                                           spec.request_timeout_s, spec.idle_timeout_s, deadline)
+            r.workload = str(prompts[i].get("workload") or "")
             results[i] = r
             if on_done is not None:
                 on_done(r)
@@ -703,15 +752,40 @@ async def _run_batch(spec: LoadSpec, concurrency: int, prompts: List[Dict[str, A
     return [r if r is not None else RequestResult(error="not run") for r in results], duration
 
 
+def load_requests_file(path: str) -> Dict[Tuple[int, int], List[Dict[str, Any]]]:
+    """{(level, repeat): [request, ...]} from the controller's requests file (the exact
+    requests each level and repeat sends, chosen there from the workload mix and the seed)."""
+    out: Dict[Tuple[int, int], List[Dict[str, Any]]] = {}
+    with open(path, "r", encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            line = line.strip()
+            if not line:
+                continue
+            obj = json.loads(line)
+            if "messages" not in obj and "input_ids" not in obj and "text" not in obj:
+                raise ValueError("%s:%d: no messages/input_ids/text" % (path, i + 1))
+            out.setdefault((int(obj.get("level", 0)), int(obj.get("repeat", 0))), []).append(obj)
+    if not out:
+        raise ValueError("%s: no requests" % path)
+    return out
+
+
 def _prompt_source(spec: LoadSpec):
     rng = random.Random(spec.seed)
+    if spec.requests_file:
+        table = load_requests_file(spec.requests_file)
+
+        def take_planned(k: int, level: int = 0, repeat: int = 0) -> List[Dict[str, Any]]:
+            reqs = table.get((level, repeat)) or table.get((level, 0)) or next(iter(table.values()))
+            return [reqs[i % len(reqs)] for i in range(k)] if k > len(reqs) else reqs[:k]
+        return take_planned
     if spec.prompt_file:
         pool = load_prompt_file(spec.prompt_file)
         order = list(range(len(pool)))
         rng.shuffle(order)
         pos = [0]
 
-        def take(k: int) -> List[Dict[str, Any]]:
+        def take(k: int, level: int = 0, repeat: int = 0) -> List[Dict[str, Any]]:
             out = []
             for _ in range(k):
                 out.append(pool[order[pos[0] % len(order)]])
@@ -719,7 +793,7 @@ def _prompt_source(spec: LoadSpec):
             return out
         return take
 
-    def take_random(k: int) -> List[Dict[str, Any]]:
+    def take_random(k: int, level: int = 0, repeat: int = 0) -> List[Dict[str, Any]]:
         return [{"input_ids": p} for p in make_prompts(rng, k, spec.input_len, spec.vocab_low, spec.vocab_high)]
     return take_random
 
@@ -732,6 +806,9 @@ async def run_async(spec: LoadSpec, progress: Optional[ProgressFn] = None) -> Li
     emit = progress or (lambda ev: None)
     take = _prompt_source(spec)
     records: List[Dict[str, Any]] = []
+    if spec.canary_only:
+        canary = await _canary_from_spec(spec, emit)
+        return [canary] if canary is not None else []
     if spec.warmup > 0:
         wc = min(spec.warmup, max(spec.concurrency))
         emit(ProgressEvent("warmup_start", wc, 0, 0, spec.warmup))
@@ -741,7 +818,9 @@ async def run_async(spec: LoadSpec, progress: Optional[ProgressFn] = None) -> Li
         for conc in spec.concurrency:
             conc = int(conc)
             n = spec.requests_for(conc)
-            prompts = take(n)
+            prompts = take(n, conc, rep)
+            if spec.requests_file:
+                n = len(prompts)
             state = {"done": 0, "errors": 0}
 
             def on_done(r: RequestResult, conc=conc, rep=rep, n=n, state=state) -> None:
@@ -777,7 +856,7 @@ def level_record(spec: LoadSpec, concurrency: int, repeat: int, results: Sequenc
         "tag": spec.tag,
         "backend": BACKEND,
         "loadgen_version": LOADGEN_VERSION,
-        "dataset_name": "file" if spec.prompt_file else "random",
+        "dataset_name": "workloads" if spec.requests_file else ("file" if spec.prompt_file else "random"),
         "max_concurrency": concurrency,
         "random_input_len": spec.input_len,
         "random_output_len": spec.output_len,
@@ -793,6 +872,26 @@ def level_record(spec: LoadSpec, concurrency: int, repeat: int, results: Sequenc
     tok = sum(r.output_len for r in results if r.success and r.spec_verify_ct > 0)
     ver = sum(r.spec_verify_ct for r in results if r.success and r.spec_verify_ct > 0)
     rec["request_accept_length"] = (tok / ver) if ver > 0 else None
+    # every request, for confidence intervals (bootstrap over requests) and per-workload rows:
+    # [workload, output tokens, e2e s, ttft s, verify rounds, ok]
+    rec["samples"] = [[r.workload, r.output_len, round(r.latency, 6), round(r.ttft, 6), r.spec_verify_ct,
+                       1 if r.success else 0] for r in results]
+    by: Dict[str, List[RequestResult]] = {}
+    for r in results:
+        by.setdefault(r.workload or "-", []).append(r)
+    if len(by) > 1 or spec.requests_file:
+        rows = {}
+        for name, rs in sorted(by.items()):
+            ok = [r for r in rs if r.success]
+            t = sum(r.output_len for r in ok if r.spec_verify_ct > 0)
+            v = sum(r.spec_verify_ct for r in ok if r.spec_verify_ct > 0)
+            rate = [r.output_len / r.latency for r in ok if r.latency > 0]
+            rows[name] = {"requests": len(rs), "errors": len(rs) - len(ok),
+                          "output_tokens": sum(r.output_len for r in ok),
+                          "mean_request_tok_s": (sum(rate) / len(rate)) if rate else 0.0,
+                          "median_ttft_ms": _pct([r.ttft for r in ok], 50) * 1000 if ok else 0.0,
+                          "accept_length": (t / v) if v > 0 else None}
+        rec["workloads"] = rows
     return rec
 
 
@@ -913,6 +1012,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab-low", type=int, default=d.vocab_low)
     p.add_argument("--vocab-high", type=int, default=d.vocab_high)
     p.add_argument("--prompt-file")
+    p.add_argument("--canary-only", action="store_true", help="decode the greedy canary only (no levels)")
+    p.add_argument("--requests-file", help="JSON lines {level, repeat, workload, messages|input_ids, max_tokens}: "
+                   "the requests of each level and repeat (opsctl writes it from the workload mix)")
     p.add_argument("--canary-file", help="JSON {prompts, max_new_tokens[, outputs]}: decode greedily, compare to outputs")
     p.add_argument("--canary-prompts", type=int, default=0, help="generate N canary prompts from --seed")
     p.add_argument("--canary-input-len", type=int, default=d.canary_input_len)
@@ -931,6 +1033,7 @@ def spec_from_args(a: argparse.Namespace) -> LoadSpec:
     return LoadSpec(url=a.url, concurrency=a.concurrency, input_len=a.input_len, output_len=a.output_len,
                     requests_per_level=a.requests_per_level, repeats=a.repeats, warmup=a.warmup, seed=a.seed,
                     vocab_low=a.vocab_low, vocab_high=a.vocab_high, prompt_file=a.prompt_file,
+                    requests_file=a.requests_file, canary_only=a.canary_only,
                     request_timeout_s=a.request_timeout, idle_timeout_s=a.idle_timeout,
                     level_timeout_s=a.level_timeout, ignore_eos=not a.no_ignore_eos, canary_file=a.canary_file,
                     canary_prompts=a.canary_prompts, canary_input_len=a.canary_input_len,
@@ -996,6 +1099,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         spec.validate()
         if spec.prompt_file and not os.path.exists(spec.prompt_file):
             raise ValueError("prompt file not found: %s" % spec.prompt_file)
+        if spec.requests_file and not os.path.exists(spec.requests_file):
+            raise ValueError("requests file not found: %s" % spec.requests_file)
         if spec.canary_file and not os.path.exists(spec.canary_file):
             raise ValueError("canary file not found: %s" % spec.canary_file)
     except ValueError as e:

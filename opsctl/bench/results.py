@@ -177,17 +177,33 @@ def median_level(levels: list[BenchLevel]) -> BenchLevel:
 
 
 # --------------------------------------------------------------------------- I/O
-def from_records(records: Iterable[dict[str, Any]], meta: dict[str, Any] | None = None) -> BenchRun:
+class _Line(dict):
+    """A JSON record that remembers its line, for errors that say file:line."""
+
+    lineno: int = 0
+
+
+def from_records(records: Iterable[dict[str, Any]], meta: dict[str, Any] | None = None, *,
+                 source: str | None = None) -> BenchRun:
     """Level/canary/meta records (as printed by `loadgen.py --json`) -> BenchRun."""
+    from pydantic import ValidationError
+
     run = BenchRun(meta=dict(meta or {}))
-    for rec in records:
+    for n, rec in enumerate(records, 1):
         kind = rec.get("record")
-        if kind == "meta":
-            run.meta = {**{k: v for k, v in rec.items() if k != "record"}, **run.meta}
-        elif kind == "canary":
-            run.canary = CanaryRecord(**{k: v for k, v in rec.items() if k != "record"})
-        elif kind == "level" or "output_throughput" in rec:
-            run.levels.append(_level_from(rec))
+        try:
+            if kind == "meta":
+                run.meta = {**{k: v for k, v in rec.items() if k != "record"}, **run.meta}
+            elif kind == "canary":
+                run.canary = CanaryRecord(**{k: v for k, v in rec.items() if k != "record"})
+            elif kind == "level" or "output_throughput" in rec:
+                run.levels.append(_level_from(rec))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = f"{source or 'bench results'}:{getattr(rec, 'lineno', 0) or n}"
+            raise ConfigError(f"{where}: malformed {kind or 'level'} record: {'.'.join(map(str, err['loc']))}: "
+                              f"{err['msg']} (got {err.get('input')!r})"[:300],
+                              "pass a file written by `opsctl bench` or bench_serving, or fix that line") from None
     return run
 
 
@@ -214,7 +230,9 @@ def parse_jsonl_text(text: str, *, source: str = "<text>") -> list[dict[str, Any
             raise ConfigError(f"{source}:{i + 1}: not a JSON line ({e})",
                               "pass a file written by `opsctl bench`, `loadgen.py --json` or bench_serving") from e
         if isinstance(obj, dict):
-            out.append(obj)
+            rec = _Line(obj)
+            rec.lineno = i + 1
+            out.append(rec)
     return out
 
 
@@ -231,7 +249,12 @@ def read_jsonl(path: str | Path) -> BenchRun:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"bench results file not found: {p}", "pass a .jsonl written by `opsctl bench --out`")
-    run = from_records(parse_jsonl_text(p.read_text(encoding="utf-8"), source=str(p)))
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError) as exc:
+        raise ConfigError(f"{p}: not a bench results file ({exc.__class__.__name__})",
+                          "pass a .jsonl written by `opsctl bench --out` or bench_serving") from None
+    run = from_records(parse_jsonl_text(text, source=str(p)), source=str(p))
     if not run.levels:
         raise ConfigError(f"{p}: no bench level lines", "pass a file written by `opsctl bench` or bench_serving")
     run.meta.setdefault("source", str(p))

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from opsctl.checks import catalog, logic
+from opsctl.brake import BRAKE
 from opsctl.config import Inventory
 from opsctl.errors import ConfigError
 from opsctl.findings import Finding
@@ -178,7 +179,8 @@ def run_checks(inventory: Inventory, group: str = "all", limit: str | None = Non
         env_backup = dict(os.environ)
         try:
             os.environ.pop("OPSCTL_LIMIT", None)
-            with contextlib.redirect_stdout(out):
+            # an interrupt must not be reported by pytest as a failing check: held until it ends
+            with BRAKE.held(), contextlib.redirect_stdout(out):
                 code = int(pytest.main(args, plugins=[collector]))
         finally:
             os.environ.clear()

@@ -38,7 +38,7 @@ app = typer.Typer(
 )
 
 # command groups, each module exposes register(app)
-_COMMAND_MODULES = ["render", "deploy", "validate", "bench", "check", "lab", "watch"]
+_COMMAND_MODULES = ["render", "deploy", "validate", "bench", "tune", "check", "lab", "watch"]
 
 
 def _version(value: bool) -> None:
@@ -57,9 +57,25 @@ for _name in _COMMAND_MODULES:
     importlib.import_module(f"opsctl.cli.{_name}").register(app)
 
 
+def _usage_error(exc: BaseException) -> str | None:
+    """typer's own usage error (unknown command/option/value, missing argument) as one
+    line, or None. Matched by shape, not by importing click: typer >= 0.25 bundles its
+    own copy of click, older typer uses click itself."""
+    if not any(c.__name__ == "UsageError" for c in type(exc).__mro__) or not hasattr(exc, "format_message"):
+        return None
+    ctx = getattr(exc, "ctx", None)
+    message = " ".join(str(exc.format_message()).split())
+    if ctx is None:
+        return message
+    usage = " ".join(ctx.get_usage().split()).removeprefix("Usage: ")
+    return f"{message} (usage: {usage}; see '{ctx.command_path} --help')"
+
+
 def main() -> None:
+    # Ctrl-C/SIGTERM during a deploy, rollback or tune is handled by the core's brake
+    # (opsctl/brake.py): it rolls back and raises Interrupted (exit 130).
     try:
-        app(standalone_mode=False)
+        app(prog_name="opsctl", standalone_mode=False)
     except OpsctlError as exc:
         if _output.STATE.json and not _output.STATE.emitted:
             print(json.dumps({"ok": False, **exc.as_dict()}), file=sys.stdout)
@@ -75,13 +91,15 @@ def main() -> None:
         sys.exit(130)
     except SystemExit:
         raise
-    except Exception as exc:  # click usage errors and anything unexpected
-        import click
-
-        if isinstance(exc, click.exceptions.UsageError):
-            exc.show()
+    except Exception as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError" and getattr(exc, "ctx", None) is not None:
+            print(exc.ctx.get_help())  # a bare `opsctl` (or command group) shows its help
+            sys.exit(0)
+        usage = _usage_error(exc)
+        if usage is not None:
+            _output.error(usage)
             sys.exit(2)
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
+        if hasattr(exc, "exit_code") and hasattr(exc, "format_message"):  # typer's other command-line errors
+            _output.error(" ".join(str(exc.format_message()).split()))
+            sys.exit(int(exc.exit_code))
         raise

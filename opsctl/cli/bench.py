@@ -1,6 +1,7 @@
 """opsctl bench / bench compare / bench import / report."""
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -43,11 +44,14 @@ class _LevelProgress:
     def __exit__(self, *exc: Any) -> None:
         self.progress.stop()
 
+    def _rep(self, ev: Any) -> str:
+        return f"repeat {ev.repeat + 1}/{self.repeats}" if self.repeats > 0 else f"round {ev.repeat + 1}"
+
     def __call__(self, ev: Any) -> None:
         kind = ev.kind
         if kind in ("warmup_start", "level_start", "canary_start"):
             label = {"warmup_start": f"warm-up C={ev.concurrency}", "canary_start": "greedy canary"}.get(
-                kind, f"C={ev.concurrency:<4} repeat {ev.repeat + 1}/{self.repeats}")
+                kind, f"C={ev.concurrency:<4} {self._rep(ev)}")
             self.tasks[(kind.split("_")[0], ev.concurrency, ev.repeat)] = self.progress.add_task(label, total=ev.total)
             return
         key = ("canary" if kind.startswith("canary") else "level", ev.concurrency, ev.repeat)
@@ -60,7 +64,7 @@ class _LevelProgress:
         if kind == "level_end" and ev.record is not None:
             r = ev.record
             self.progress.update(task, description=(
-                f"C={ev.concurrency:<4} repeat {ev.repeat + 1}/{self.repeats}  {r['output_throughput']:.1f} tok/s"
+                f"C={ev.concurrency:<4} {self._rep(ev)}  {r['output_throughput']:.1f} tok/s"
                 f"  ITL p50 {r['median_itl_ms']:.2f} ms" + (f"  errors {r['errors']}" if r["errors"] else "")))
 
 
@@ -94,19 +98,40 @@ def _emit_run(run: Any) -> None:
 def _bench_url(url: str, *, concurrency: Optional[list[int]], input_len: Optional[int], output_len: Optional[int],
                requests_per_level: Optional[int], repeats: Optional[int], warmup: Optional[int], seed: Optional[int],
                prompt_file: Optional[Path], canary_prompts: int, canary_file: Optional[Path],
-               request_timeout: float, progress: Optional[Callable[[Any], None]]):
+               request_timeout: float, progress: Optional[Callable[[Any], None]], workload: Optional[str] = None):
+    import tempfile
+
     from opsctl.bench import loadgen
     from opsctl.bench.results import from_records
+    from opsctl.bench.workloads import WorkloadSet, mix_key, parse_mix
     from opsctl.gates import GatePolicy
 
     pol = GatePolicy()
+    mix = parse_mix(workload) if workload else None
+    requests_file = None
+    if mix is not None:
+        if prompt_file is not None:
+            raise ConfigError("--workload and --prompt-file exclude each other", "use --workload file:PATH")
+        ws = WorkloadSet.load(mix, input_len=input_len or pol.input_len)
+        levels = concurrency or pol.concurrency
+        n_rep = repeats or pol.repeats
+        lines = []
+        for c in levels:
+            for r in range(n_rep):
+                n = max(c, requests_per_level or pol.requests_per_level)
+                for req in ws.select(n, seed=pol.seed if seed is None else seed, level=c, repeat=r):
+                    lines.append(json.dumps({"level": c, "repeat": r, **req.payload(output_len or pol.output_len)}))
+        tmp = tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False)
+        tmp.write("\n".join(lines) + "\n")
+        tmp.close()
+        requests_file = tmp.name
     spec = loadgen.LoadSpec(
         url=url, concurrency=concurrency or pol.concurrency, input_len=input_len or pol.input_len,
         output_len=output_len or pol.output_len, requests_per_level=requests_per_level or pol.requests_per_level,
         repeats=repeats or pol.repeats, warmup=pol.warmup if warmup is None else warmup,
         seed=pol.seed if seed is None else seed, prompt_file=str(prompt_file) if prompt_file else None,
         canary_prompts=canary_prompts, canary_file=str(canary_file) if canary_file else None,
-        canary_output_len=pol.canary_output_len, request_timeout_s=request_timeout)
+        canary_output_len=pol.canary_output_len, request_timeout_s=request_timeout, requests_file=requests_file)
     try:
         spec.validate()
     except ValueError as e:
@@ -119,15 +144,27 @@ def _bench_url(url: str, *, concurrency: Optional[list[int]], input_len: Optiona
     except (OSError, loadgen.asyncio.TimeoutError, loadgen._HTTPError) as e:
         raise HostError(f"cannot reach the server at {url}: {e}",
                         "is it running? for a remote host open a tunnel: ssh -L 30000:127.0.0.1:30000 HOST") from None
-    records = loadgen.run(spec, progress)
+    try:
+        records = loadgen.run(spec, progress)
+    finally:
+        if requests_file:
+            Path(requests_file).unlink(missing_ok=True)
     return from_records(records, {"url": url, "created_at": time.time(), "label": url, "concurrency": spec.concurrency,
                                   "input_len": spec.input_len, "output_len": spec.output_len,
-                                  "repeats": spec.repeats, "seed": spec.seed})
+                                  "repeats": spec.repeats, "seed": spec.seed,
+                                  "workload_mix": mix_key(mix) if mix else "random token ids"})
 
 
 def register(app: typer.Typer) -> None:
-    bench_app = typer.Typer(help="Benchmark the live release (per concurrency level), compare and import results.",
-                            no_args_is_help=False, rich_markup_mode=None)
+    bench_app = typer.Typer(help=(
+        "Benchmark the live release (per concurrency level), compare and import results.\n\n"
+        "By default the load runs on the inventory's host (loopback to the server) at the gate policy's "
+        "levels and repeats; medians over repeats are printed.\n\n"
+        "Examples:\n\n"
+        "  opsctl bench -i inventories/lab --concurrency 1,4,16 --repeats 2\n\n"
+        "  opsctl bench -i inventories/lab --save-baseline      # store the live ar-tp8 as the baseline\n\n"
+        "  opsctl bench --url http://127.0.0.1:30000 --concurrency 1 --out results/\n\n"
+        "  opsctl bench compare baseline.jsonl candidate.jsonl"), no_args_is_help=False, rich_markup_mode=None)
 
     @bench_app.callback(invoke_without_command=True)
     def bench_cmd(
@@ -145,6 +182,10 @@ def register(app: typer.Typer) -> None:
         warmup: Optional[int] = typer.Option(None, "--warmup", min=0, help="Warm-up requests, not measured."),
         seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the random prompts."),
         prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", help="JSONL ({input_ids}|{text}) or text lines."),
+        workload: Optional[str] = typer.Option(None, "--workload", "-w", help=(
+            "What to send: humaneval, chat, math, random, file:PATH (ShareGPT JSON, OpenAI request JSONL, or "
+            "prompts one a line), a list (equal weights) or a mix NAME:WEIGHT,... (default: the inventory's gate "
+            "policy mix, else humaneval:0.3,chat:0.5,math:0.2). Text goes to /v1/chat/completions.")),
         canary_prompts: int = typer.Option(0, "--canary", min=0, help="Also decode N greedy canary prompts (with --url)."),
         canary_file: Optional[Path] = typer.Option(None, "--canary-file", help="Reference canary to reproduce (with --url)."),
         request_timeout: float = typer.Option(300.0, "--request-timeout", min=1.0, help="Seconds per request."),
@@ -170,7 +211,7 @@ def register(app: typer.Typer) -> None:
                 run = _bench_url(url, concurrency=levels, input_len=input_len, output_len=output_len,
                                  requests_per_level=requests_per_level, repeats=reps, warmup=warmup, seed=seed,
                                  prompt_file=prompt_file, canary_prompts=canary_prompts, canary_file=canary_file,
-                                 request_timeout=request_timeout, progress=prog)
+                                 request_timeout=request_timeout, progress=prog, workload=workload)
             runs = {url: run}
         else:
             if canary_file is not None or canary_prompts:
@@ -185,8 +226,14 @@ def register(app: typer.Typer) -> None:
             overrides = {k: v for k, v in {"concurrency": levels, "input_len": input_len, "output_len": output_len,
                                            "requests_per_level": requests_per_level, "repeats": repeats,
                                            "warmup": warmup, "seed": seed}.items() if v is not None}
-            with _LevelProgress(repeats or 1) as prog:
-                res = bench_live(_common.inventory(inventory), limit=limit, overrides=overrides,
+            if workload:
+                from opsctl.bench.workloads import parse_mix
+
+                overrides["workloads"] = parse_mix(workload)
+            inv_loaded = _common.inventory(inventory)
+            shown = 0  # rounds: a level runs until its interval is decided or the cap
+            with _LevelProgress(shown) as prog:
+                res = bench_live(inv_loaded, limit=limit, overrides=overrides,
                                  prompt_file=prompt_file, save_baseline=save_baseline, on_host=not on_controller,
                                  progress=prog)
             runs = res if isinstance(res, dict) else {str(res.meta.get("host", "host")): res}
@@ -284,24 +331,28 @@ def register(app: typer.Typer) -> None:
         from opsctl.report import write_report
 
         _output.set_json(json_out)
+        host_policy = None
         if Path(run_file).is_file():
             run = read_jsonl(Path(run_file))
             base = read_jsonl(baseline) if baseline is not None else None
         else:
             from opsctl.deploy import release_bench
 
-            run, host_base = release_bench(_common.inventory(inventory), run_file, limit=limit)
+            run, host_base, host_policy = release_bench(_common.inventory(inventory), run_file, limit=limit)
             base = read_jsonl(baseline) if baseline is not None else host_base
             if name == "report":
                 name = run_file
         verdict = None
         if base is not None:
             pk = kind or str(run.meta.get("profile_kind") or run.meta.get("kind") or "unknown")
-            mismatch = run.canary.mismatch if run.canary is not None and run.canary.compared else None
+            compared = bool(run.canary is not None and run.canary.compared)
+            mismatch = run.canary.mismatch if compared else None
             try:
-                # judge the levels this run measured, with the default thresholds
-                pol = GatePolicy(concurrency=run.concurrencies())
-                verdict = judge(run, base, pol, profile_kind=pk, canary_mismatch=mismatch)
+                # the levels and repeats this run measured, with the host's thresholds (a file: the defaults)
+                pol = (host_policy or GatePolicy()).model_copy(
+                    update={"concurrency": run.concurrencies(), "repeats": max(1, run.repeats)})
+                verdict = judge(run, base, pol, profile_kind=pk, canary_mismatch=mismatch,
+                                canary_ran=compared if run.canary is not None else False)
             except ConfigError as e:
                 _output.info(f"no verdict: {e.one_line()}")
         paths = write_report(run, out, base, verdict, name=name)

@@ -77,7 +77,7 @@ def _watch_cell(w: dict) -> str:
 def register(app: typer.Typer) -> None:
     @app.command("deploy")
     def deploy_cmd(
-        profile: str = typer.Argument(..., help="Profile: ar-tp8, ar-ep8 (baselines), dflash, ddtree."),
+        profile: str = typer.Argument(..., metavar="PROFILE", help="Profile: ar-tp8, ar-ep8 (baselines), dflash, ddtree."),
         budget: Optional[int] = _common.BudgetOpt,
         inventory: Optional[Path] = _common.InventoryOpt,
         limit: Optional[str] = _common.LimitOpt,
@@ -85,6 +85,9 @@ def register(app: typer.Typer) -> None:
         yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before changing the host."),
         no_gate: bool = typer.Option(False, "--no-gate", help="Skip validation and the benchmark gate (recorded in the ledger)."),
         skip_checks: bool = typer.Option(False, "--skip-checks", help="Skip the pre-deploy host checks."),
+        verify_weights: bool = typer.Option(False, "--verify-weights", help="Check every byte of the drafter already on "
+                                            "the host against its sha256 manifest (default: sizes and sampled "
+                                            "hashes); files that differ are re-sent."),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Show every ansible task, not only changes."),
         json_out: bool = _common.JsonOpt,
     ) -> None:
@@ -92,7 +95,13 @@ def register(app: typer.Typer) -> None:
         CUDA graphs, benchmark against the baseline, then promote or roll back automatically.
 
         Hosts of the inventory are done one by one; the first failure stops the run.
-        Running the same deploy twice changes nothing the second time.
+        Running the same deploy twice changes nothing the second time — unless the release
+        is live but was never judged (its deploy was interrupted or killed): then it is
+        restarted and judged again, never reported unchanged.
+
+        A failure, Ctrl-C/SIGTERM after the switch, or the host's guard timer puts back the
+        last good release (else the baseline), never an unjudged one. Ctrl-C before the
+        switch stops with nothing live changed. Exit 130 on an interrupt.
 
         Examples:
 
@@ -116,7 +125,8 @@ def register(app: typer.Typer) -> None:
             return typer.confirm(f"apply this to {plan.host.name}?", default=False)
 
         outcomes = core.deploy(_common.inventory(inventory), profile, budget, limit=limit, dry_run=dry_run,
-                               gates=not no_gate, pre_checks=not skip_checks, progress=printer, confirm=confirm)
+                               gates=not no_gate, pre_checks=not skip_checks, progress=printer, confirm=confirm,
+                               verify_weights=verify_weights)
         if json_out:
             _output.emit_json({"ok": True, "outcomes": [o.as_dict() for o in outcomes]})
             return
@@ -165,15 +175,32 @@ def register(app: typer.Typer) -> None:
         if json_out:
             _output.emit_json(rows)
             return
-        _output.table("status", ["host", "release", "profile", "budget", "service", "since", "restarts", "last verdict",
+        _output.table("status", ["host", "release", "profile", "budget", "service", "since", "restarts", "verdict",
                                  "watch"],
                       [[r["host"], r["release"] or "-", r["profile"] or "-", r["budget"] or "-",
                         f"{r['service']}/{r['sub_state']}", r["since"] or "-", r["restarts"],
-                        (r["last_verdict"] or {}).get("status", "-"), _watch_cell(r.get("watch") or {})] for r in rows])
+                        (r["last_verdict"] or {}).get("status") or ("never judged" if r.get("judged") is False
+                                                                     else "-"),
+                        _watch_cell(r.get("watch") or {})] for r in rows])
         for r in rows:
-            if r["deploy_in_progress_or_interrupted"]:
-                _output.info(f"[{r['host']}] note: the last deploy has not finished (running now, or interrupted; "
-                             "the host's guard timer reverts an unconfirmed release)")
+            u = r.get("unfinished_deploy")
+            if u:
+                if u.get("result") == "interrupted":
+                    _output.info(f"[{r['host']}] note: the deploy of {u.get('to_release')} was interrupted "
+                                 f"({u.get('signal')}) during {u.get('step')}"
+                                 + (" after the switch" if u.get("switched") else ", before the switch"))
+                else:
+                    _output.info(f"[{r['host']}] note: the deploy of {u.get('to_release')} started {u.get('ts')} "
+                                 "has not finished (running now, or its controller died; the host's guard timer "
+                                 "reverts an unconfirmed release)")
+            if r["release"] and r.get("judged") is False:
+                _output.info(f"[{r['host']}] note: the live release {r['release']} was never judged; the last good "
+                             f"release is {r.get('last_good') or 'none'}")
+            lv = r.get("last_verdict")
+            if lv:
+                _output.info(f"[{r['host']}] verdict of {lv['release']}: {lv['status']} ({lv['ts']})")
+            for p in r.get("ledger_problems") or []:
+                _output.error(f"{r['host']}: ledger {p} (skipped)")
 
     @app.command("history")
     def history_cmd(inventory: Optional[Path] = _common.InventoryOpt, limit: Optional[str] = _common.LimitOpt,
@@ -184,7 +211,10 @@ def register(app: typer.Typer) -> None:
         Example: opsctl history -i inventories/lab --last 10
         """
         _output.set_json(json_out)
-        recs = core.history(_common.inventory(inventory), limit=limit, last=last)
+        problems: list[str] = []
+        recs = core.history(_common.inventory(inventory), limit=limit, last=last, problems=problems)
+        for p in problems:
+            _output.error(p)
         if json_out:
             for r in recs:
                 _output.emit_json(r)

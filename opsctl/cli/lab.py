@@ -10,6 +10,7 @@ from typing import List, Optional
 import typer
 
 from opsctl.cli import _output
+from opsctl.errors import LabError
 
 lab_app = typer.Typer(
     name="lab",
@@ -37,9 +38,17 @@ def up(json_out: bool = JsonOpt,
        timeout: float = typer.Option(90.0, "--timeout", help="Seconds to wait for SSH.")) -> None:
     """Boot the lab host (idempotent; cleans up a crashed earlier run; installs missing Debian packages)."""
     from opsctl import lab
+    from opsctl.lab import holder
 
     _output.set_json(json_out)
-    st = lab.up(say=_say, timeout_s=timeout)
+    lab.require_root()
+    with holder.session_lock("bring the lab up"):
+        current = holder.read_holder()
+        if holder.held_by_other(current) and lab.status().running:
+            raise LabError(f"the lab is already up, held by {holder.describe(current)}",
+                           "use it as it is, or ask its holder")
+        st = lab.up(say=_say, timeout_s=timeout)
+        holder.write_holder("opsctl lab up")
     if json_out:
         _output.emit_json({"ok": True, **st.as_dict()})
     else:
@@ -48,12 +57,25 @@ def up(json_out: bool = JsonOpt,
 
 
 @lab_app.command("down")
-def down(json_out: bool = JsonOpt) -> None:
-    """Halt the lab host and remove its namespace, veth, cgroups and mounts."""
+def down(json_out: bool = JsonOpt,
+         force: bool = typer.Option(False, "--force", help="Take it down although another login session brought "
+                                    "it up (never while a test session holds the lab's lock).")) -> None:
+    """Halt the lab host and remove its namespace, veth, cgroups and mounts.
+
+    Refused (exit 7, naming the holder) when another session brought the lab up or a test
+    session is using it.
+
+    Example: opsctl lab down
+    """
     from opsctl import lab
+    from opsctl.lab import holder
 
     _output.set_json(json_out)
-    left = lab.down(say=_say)
+    lab.require_root()
+    with holder.session_lock("take the lab down"):
+        holder.check_may_take_down(force)
+        left = lab.down(say=_say)
+        holder.clear_holder()
     if json_out:
         _output.emit_json({"ok": True, "leftovers": left})
     else:
@@ -64,16 +86,19 @@ def down(json_out: bool = JsonOpt) -> None:
 def status(json_out: bool = JsonOpt) -> None:
     """Is the lab up, does it answer SSH, what is left on this machine."""
     from opsctl import lab
+    from opsctl.lab import holder
 
     _output.set_json(json_out)
     st = lab.status()
     left = [] if st.running else lab.leftovers()
+    held = holder.read_holder() if st.running else None
     if json_out:
-        _output.emit_json({**st.as_dict(), "leftovers": left})
+        _output.emit_json({**st.as_dict(), "leftovers": left, "holder": held})
         return
     if st.running:
         _output.info(f"lab: up (nspawn pid {st.pid}), ssh {'answers' if st.ssh else 'does NOT answer'}, "
-                     f"system {st.system_state or '?'}\n  ssh: {st.ssh_command}")
+                     f"system {st.system_state or '?'}\n  ssh: {st.ssh_command}"
+                     + (f"\n  held by: {holder.describe(held)}" if held else ""))
     else:
         _output.info("lab: down" + (f"; leftovers: {'; '.join(left)} (run 'opsctl lab up' or 'down' to clean)"
                                      if left else ""))

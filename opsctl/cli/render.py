@@ -14,7 +14,7 @@ from opsctl.writeout import write_rendered
 def register(app: typer.Typer) -> None:
     @app.command("render")
     def render_cmd(
-        profile: str = typer.Argument(..., help="Profile: ar-tp8, ar-ep8, dflash, ddtree (or one the inventory defines)."),
+        profile: str = typer.Argument(..., metavar="PROFILE", help="Profile: ar-tp8, ar-ep8, dflash, ddtree (or one the inventory defines)."),
         budget: Optional[int] = _common.BudgetOpt,
         inventory: Optional[Path] = _common.InventoryOpt,
         limit: Optional[str] = _common.LimitOpt,

@@ -51,6 +51,10 @@ def _offline(from_file: Path, profile_name: Optional[str], budget: Optional[int]
     parsed = journal.load_file(from_file)
     if not parsed.lines:
         raise ConfigError(f"{from_file} holds no log lines", "pass a saved journal or an SGLang log excerpt")
+    if not journal.looks_like_sglang(parsed):
+        raise ConfigError(f"{from_file} holds no SGLang server log lines (no server_args, capture, decode, ready "
+                          f"or error line): it is not a journal of the service",
+                          "save one with: journalctl -u UNIT --since '<release start>' > FILE (or -o json)")
     if only == "startup":
         findings = validate_startup(parsed, profile)
     elif only == "decode":

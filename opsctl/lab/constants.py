@@ -11,7 +11,9 @@ BOOT_SCRIPT = STATE_DIR / "boot.sh"
 WHEELHOUSE = STATE_DIR / "wheelhouse"
 DRAFTER_DIR = STATE_DIR / "drafter"
 OVERLAY_DIR = STATE_DIR / "cg"          # tmpfs mounted only inside the boot script's mount namespace
-LOCK_FILE = Path("/run/opsctl-lab.lock")  # serialises lab up/down (and pytest sessions using the lab)
+LOCK_FILE = Path("/run/opsctl-lab.lock")  # serialises lab up/down
+SESSION_LOCK = Path("/run/opsctl-lab.session.lock")  # held by whoever uses the lab (a pytest session, `opsctl lab`)
+HOLDER_FILE = STATE_DIR / "holder.json"  # who brought the lab up (opsctl/lab/holder.py)
 
 NETNS = "opsctl-lab"
 VETH_HOST = "olab-h"

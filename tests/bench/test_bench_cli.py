@@ -91,7 +91,7 @@ def test_report_writes_png_md_html_with_verdict(app, tmp_path):
     r = runner.invoke(app, ["report", str(b), "--baseline", str(a), "--out", str(tmp_path / "rep"), "--kind", "ddtree"])
     assert r.exit_code == 0, r.output
     assert "gate FAIL (ddtree)" in r.output
-    assert png_size(tmp_path / "rep" / "report.png") == (1000, 400)
+    assert png_size(tmp_path / "rep" / "report.png") == (1500, 400)
     assert "Verdict: FAIL" in (tmp_path / "rep" / "report.md").read_text()
     assert (tmp_path / "rep" / "report.html").is_file()
 

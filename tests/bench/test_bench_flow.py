@@ -15,7 +15,8 @@ from opsctl.hosts import LocalConnection
 # loaded 2-core CI machine; the noise gate has its own tests (test_bench_gates.py), this
 # flow is about speed, accept length and the canary.
 POLICY = GatePolicy(concurrency=[1, 2], input_len=8, output_len=12, requests_per_level=2, repeats=2, warmup=1,
-                    canary_prompts=3, canary_input_len=8, canary_output_len=6, max_spread=10.0)
+                    canary_prompts=3, canary_input_len=8, canary_output_len=6, max_spread=10.0,
+                    min_requests=4)
 
 
 def bench(conn, remote, url, **kw):

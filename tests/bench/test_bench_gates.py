@@ -159,3 +159,19 @@ def test_verdict_findings_and_record_for_the_ledger():
     assert f[-1].check == "gate" and not f[-1].ok and "gate FAIL" in f[-1].diagnosis
     rec = v.record()
     assert rec["status"] == "fail" and rec["rows"][0]["concurrency"] == 1 and rec["policy"]["min_speedup"] == 0.05
+
+
+def test_a_level_inside_the_regression_limit_says_so_never_better():
+    # C=1 +30 %, C=4 -5 % (a loss, allowed), C=16 +2 %
+    cand = run({1: 98.0 * 1.3, 4: 330.0 * 0.95, 16: 1000.0 * 1.02}, accept=3.1)
+    v = judge(cand, BASE, profile_kind="ddtree", canary_ran=True)
+    assert v.status == "pass"
+    why = {r.concurrency: r.why for r in v.rows}
+    assert why[1].startswith("pass (+30.0 %, at least +5 % needed here")
+    assert why[4].startswith("pass (-5.0 %, within the -10 % limit")
+    assert why[16].startswith("pass (+2.0 %, faster than the baseline")
+    assert "accept 3.10 >= floor 2.00" in why[4]
+    from opsctl.gates import verdict_summary
+
+    summary = verdict_summary(v)
+    assert "C=4: pass (-5.0 %, within the -10 % limit" in summary and "better" not in summary

@@ -30,7 +30,7 @@ def png_size(path) -> tuple[int, int]:
 def test_plot_is_a_png_of_the_expected_size(tmp_path):
     p = plot_png(CAND, tmp_path / "plot.png", BASE, title="ddtree vs ar-tp8")
     assert p.is_file() and p.stat().st_size > 5000
-    assert png_size(p) == PLOT_PIXELS == (1000, 400)
+    assert png_size(p) == PLOT_PIXELS == (1500, 400)
 
 
 def test_plot_without_baseline(tmp_path):

@@ -41,7 +41,7 @@ def test_baseline_deploy_stores_the_baseline_then_healthy_ddtree_is_promoted(cle
     proc = ops("deploy", "ar-tp8", *YES)
     assert proc.returncode == 0, proc.stderr
     assert "stored this run as the ar-tp8 baseline" in proc.stdout
-    assert clean_lab.run("test -s /opt/opsctl/baselines/kimi-k2.6/ar-tp8.jsonl && "
+    assert clean_lab.run("test -s /opt/opsctl/baselines/kimi-k2.6/ar-tp8.*.jsonl && "
                          "test -s /opt/opsctl/baselines/kimi-k2.6/ar-tp8.canary.json").returncode == 0
     proc = ops("bench", "--save-baseline")  # refresh, as an operator would
     assert proc.returncode == 0, proc.stderr

@@ -226,7 +226,8 @@ def test_64_concurrent_requests_match_the_model(tmp_path):
     args = ["--tp-size", "8", "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "{drafter}",
             "--speculative-num-draft-tokens", "9", "--cuda-graph-max-bs-decode", "64", "--decode-log-interval", "4"]
     model = perf.Model("tp", "DDTREE", 9, 8)
-    want_accept, want_tput = model.accept_len(), model.throughput(64)
+    domain = perf.domain_of(" ".join(f"w0_{j}" for j in range(16)))  # what emu.load sends
+    want_accept, want_tput = model.accept_len_for(domain), model.throughput_for(64, domain)
     with Emu(tmp_path, args) as emu:
         emu.wait_ready()
         t0 = time.monotonic()
@@ -234,7 +235,9 @@ def test_64_concurrent_requests_match_the_model(tmp_path):
         wall = time.monotonic() - t0
     assert all(o["meta_info"]["completion_tokens"] == 96 for o in outs)
     lines = [d for d in decodes(emu) if d["running"] == "64"]
-    steady = lines[1:]       # the first line's interval includes the prefill
+    # the first line's interval includes the prefill; the last ones the short final steps of
+    # requests that only need their remaining few tokens
+    steady = [d for d in lines[1:] if int(d["tokens"]) < 0.9 * 64 * (16 + 96)]
     assert len(steady) >= 3, emu.text()[-3000:]
     for d in steady:
         assert abs(float(d["accept_len"]) - want_accept) / want_accept < 0.10, (d, want_accept)

@@ -16,6 +16,12 @@ accept_collapse      accept_len=1.58, cpu_tree_ms_per_req=1.0  the site's broken
                                                                at C=1, ~87 at C=128, accept len ~1.5)
 wrong_output         after_tokens=3                            greedy output differs from the target's
 port_in_use          (none)                                    the HTTP port cannot be bound (uvicorn's error)
+random_loop          text_factor=0.08, ids_factor=1.6          a drafter that only "accepts" on degenerate input:
+                                                               random token ids fall into an accepting loop
+                                                               (high acceptance), real text accepts almost nothing
+code_wins_chat_loses code=1.35, math=0.9, chat=0.08            acceptance by domain skewed: code accepts more,
+                                                               chat almost nothing (a release that wins on
+                                                               HumanEval and loses on the site's chat)
 
 Faults that start healthy and degrade after a delay (seconds since the server
 process started, so a release can pass its deploy gates first):
@@ -43,6 +49,8 @@ DEFAULTS: dict[str, dict] = {
     "accept_collapse": {"accept_len": 1.58, "cpu_tree_ms_per_req": 1.0},
     "wrong_output": {"after_tokens": 3},
     "port_in_use": {},
+    "random_loop": {"text_factor": 0.08, "ids_factor": 1.6},
+    "code_wins_chat_loses": {"code": 1.35, "math": 0.9, "chat": 0.08},
     "accept_decay": {"after_s": 60.0, "over_s": 30.0, "accept_len": 1.5},
     "error_burst": {"after_s": 60.0, "duration_s": 30.0, "rate": 0.5},
     "crash_loop": {"after_s": 120.0, "every_s": 5.0, "exit_code": 1},

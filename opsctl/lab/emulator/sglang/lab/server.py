@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from sglang.lab import gpu, textgen
+from sglang.lab import gpu, perf, textgen
 from sglang.lab.faults import crash_loop_delay
 from sglang.lab.log import fatal_traceback, log
 
@@ -49,6 +49,7 @@ class Req:
     updates: asyncio.Queue = field(default_factory=asyncio.Queue)
     finished: bool = False
     acc: float | None = None
+    domain: str = "chat"  # what the prompt is (code, math, chat, ids): acceptance depends on it
     stream: bool = False
     aborted: str | None = None   # the abort message (error_burst fault)
 
@@ -170,10 +171,11 @@ class Emulator:
 
     # ------------------------------------------------------------------ scheduler
     def submit(self, input_ids: list[int], max_new: int, temperature: float, *, internal: bool = False,
-               rid: str | None = None, seed: int | None = None, stream: bool = False) -> Req:
+               rid: str | None = None, seed: int | None = None, text: str | None = None,
+               stream: bool = False) -> Req:
         req = Req(rid or uuid.uuid4().hex, list(input_ids), max(int(max_new), 0),
                   textgen.Generator(input_ids, temperature, None if internal else self.wrong_after, seed),
-                  internal=internal, stream=stream)
+                  internal=internal, domain=perf.domain_of(text), stream=stream)
         self.waiting.append(req)
         self.wakeup.set()
         return req
@@ -219,14 +221,10 @@ class Emulator:
         start = self.t_start + float(self.burst.get("after_s", 60.0))
         return start <= now < start + float(self.burst.get("duration_s", 30.0))
 
-    def current_accept_len(self, now: float) -> float:
-        """The model's accept length, or the accept_decay fault's value at this moment."""
-        if not self.decay:
-            return self.accept_len
+    def _decay_frac(self, now: float) -> float:
+        """How far the accept_decay fault has gone: 0 until after_s, 1 from after_s + over_s."""
         after, over = float(self.decay.get("after_s", 60.0)), max(float(self.decay.get("over_s", 30.0)), 1e-9)
-        target = float(self.decay.get("accept_len", 1.5))
-        frac = min(max((now - self.t_start - after) / over, 0.0), 1.0)
-        return self.accept_len + (target - self.accept_len) * frac
+        return min(max((now - self.t_start - after) / over, 0.0), 1.0)
 
     def _reap(self) -> None:
         done = [r for r in self.running if r.finished]
@@ -318,9 +316,9 @@ class Emulator:
             t_next = after(self.model.step_ms(batch) / 1000.0)
             await until(t_next)
             now = time.monotonic()
-            m = self.current_accept_len(now) - 1.0
             for r in self.running:
                 k = 0
+                m = self._drafts_per_round(r, now)
                 if self.algo:
                     # accepted drafts per round: mean exactly m, low variance (error diffusion from a random phase)
                     if r.acc is None:
@@ -338,6 +336,31 @@ class Emulator:
             if self.decode_ct % self.interval == 0:
                 self._log_decode(batch)
             self._reap()
+
+    def _drafts_per_round(self, r: Req, now: float | None = None) -> float:
+        """Mean accepted drafts per round for this request: the model's acceptance scaled by
+        what the prompt is (code > math > chat > random ids), or a fault's skew; never more
+        drafts than the verify width offers. The accept_decay fault moves it to its target."""
+        if not self.algo:
+            return 0.0
+        healthy = self._healthy_drafts_per_round(r)
+        if not self.decay or now is None:
+            return healthy
+        target = float(self.decay.get("accept_len", 1.5)) - 1.0
+        return healthy + (target - healthy) * self._decay_frac(now)
+
+    def _healthy_drafts_per_round(self, r: Req) -> float:
+        base = self.accept_len - 1.0
+        if self.model.accept_override is not None:  # the site's collapse: measured, not domain-scaled
+            return base
+        factor = perf.DOMAIN_FACTOR.get(r.domain, 1.0)
+        loop = self.faults.get("random_loop")
+        if loop:
+            factor = float(loop["ids_factor"]) if r.domain == "ids" else float(loop["text_factor"])
+        skew = self.faults.get("code_wins_chat_loses")
+        if skew and r.domain in skew:
+            factor = float(skew[r.domain])
+        return max(0.0, min(base * factor, float(self.width - 1)))
 
     def _log_decode(self, batch: int) -> None:
         now = time.monotonic()
@@ -496,6 +519,15 @@ class Emulator:
     def _not_ready(self):
         return {"error": {"message": "The server is not ready yet", "code": 503}}
 
+    def _spec_details(self, req: Req) -> dict:
+        per_round = max(self.captured_width - 1, 1)
+        correct = req.accepted - req.rounds
+        return {"spec_accept_rate": correct / (req.rounds * per_round) if req.rounds else 0.0,
+                "spec_accept_length": req.accepted / req.rounds if req.rounds else 0.0,
+                "spec_cap_length": 0.0, "spec_block_accept_length": 0.0,
+                "spec_num_correct_drafts": correct, "spec_num_proposed_drafts": req.rounds * per_round,
+                "spec_verify_ct": req.rounds, "spec_correct_drafts_histogram": [], "spec_cap_lens_histogram": []}
+
     def _meta(self, req: Req) -> dict:
         now = time.monotonic()
         meta = {"id": req.rid, "finish_reason": {"type": "length", "length": len(req.out)} if req.finished else None,
@@ -523,8 +555,9 @@ class Emulator:
         prompts = (text if isinstance(text, list) else [text]) if text is not None else (ids if batch else [ids])
         prompt_ids = [textgen.encode(x) if isinstance(x, str) else [int(t) for t in x] for x in prompts]
         stream = bool(p.get("stream")) and not batch
-        reqs = [self.submit(pi, max_new, temp, rid=(p.get("rid") if not batch else None), seed=seed, stream=stream)
-                for pi in prompt_ids]
+        reqs = [self.submit(pi, max_new, temp, rid=(p.get("rid") if not batch else None), seed=seed,
+                            text=x if isinstance(x, str) else None, stream=stream)
+                for pi, x in zip(prompt_ids, prompts)]
         if p.get("stream") and not batch:
             req = reqs[0]
             await self._stream_start(writer, keep)
@@ -563,7 +596,9 @@ class Emulator:
             ids = [int(t) for t in prompt] if isinstance(prompt, list) else textgen.encode(str(prompt))
             max_new = p.get("max_tokens") or 16
         temp = float(p.get("temperature", 1.0) if p.get("temperature") is not None else 1.0)
-        req = self.submit(ids, int(max_new), temp, seed=p.get("seed"), stream=bool(p.get("stream")))
+        req = self.submit(ids, int(max_new), temp, seed=p.get("seed"),
+                          text=None if (not chat and isinstance(prompt, list)) else str(prompt),
+                          stream=bool(p.get("stream")))
         cid = ("chatcmpl-" if chat else "cmpl-") + req.rid
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
@@ -594,6 +629,11 @@ class Emulator:
                                                              "choices": [choice], "usage": None}))
                 if req.finished:
                     break
+            if p.get("return_spec_tokens_details") and self.algo:
+                # SGLang 0.5.23: a chunk with no choices and the request's speculative details
+                await self._stream_event(writer, json.dumps({
+                    "id": cid, "object": obj + (".chunk" if chat else ""), "created": created,
+                    "model": self.model_name, "choices": [], "sglext": {"spec_tokens_details": self._spec_details(req)}}))
             if (p.get("stream_options") or {}).get("include_usage"):
                 await self._stream_event(writer, json.dumps({"id": cid, "object": obj + (".chunk" if chat else ""),
                                                              "created": created, "model": self.model_name,

@@ -1,0 +1,310 @@
+"""`opsctl tune ddtree`: find the DDTree budget that wins at each concurrency, or prove
+none does, on the host's own traffic, and leave the host as it was.
+
+Each budget is deployed as a **trial** (the normal plan/stage/switch/ready/validate path, the
+guard armed), benchmarked over the concurrency sweep on the gate's workload mix against the
+stored baseline (opsctl/gating.measure: rounds until each level's speedup interval is
+decided, or the cap), then the next one. Trials are marked `trial` in the ledger and never
+become "last good". Afterwards — always: after a trial that fails to start or validate,
+an error, or Ctrl-C — the release that served before is restored.
+
+Early stop: budgets are tried in increasing order; once throughput fell from one budget to
+the next at every level, twice in a row, larger budgets are skipped (more nodes only cost
+more verify work after that).
+
+Pure parts (best per level, the budget schedule, the recommendation) work on plain data and
+are unit tested; `tune()` does the I/O.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from opsctl.brake import BRAKE, Interrupted
+from opsctl.errors import ConfigError, OpsctlError
+
+MAX_BUDGET = 256
+
+
+@dataclass
+class LevelResult:
+    concurrency: int
+    tok_s: float                 # mean output tok/s of the level's rounds
+    speedup: float | None        # vs the baseline, ratio of mean per-request rates
+    low: float | None            # confidence interval of the speedup
+    high: float | None
+    requests: int = 0
+
+
+@dataclass
+class TrialResult:
+    budget: int
+    release: str | None
+    status: str                  # measured | failed: <why> | skipped (early stop) | interrupted
+    levels: dict[int, LevelResult] = field(default_factory=dict)
+    deploy_s: float = 0.0        # plan, stage, switch, ready, validate
+    bench_s: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {"budget": self.budget, "release": self.release, "status": self.status,
+                "deploy_s": round(self.deploy_s, 1), "bench_s": round(self.bench_s, 1),
+                "levels": {str(c): vars(lv) for c, lv in self.levels.items()}}
+
+
+@dataclass
+class TuneResult:
+    host: str
+    profile: str
+    levels: list[int]
+    baseline_tok_s: dict[int, float]
+    trials: list[TrialResult]
+    best: dict[int, int]         # level -> budget (0 = the baseline wins)
+    schedule: str                # "1:32,8:16,32:8,64:0"
+    recommendation: int | None   # one budget for the objective, or None: keep the baseline
+    reason: str
+    restored: str | None = None
+    restore_s: float = 0.0
+    report: dict[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"host": self.host, "profile": self.profile, "levels": self.levels,
+                "baseline_tok_s": self.baseline_tok_s, "trials": [t.as_dict() for t in self.trials],
+                "best": self.best, "schedule": self.schedule, "recommendation": self.recommendation,
+                "reason": self.reason, "restored": self.restored, "restore_s": round(self.restore_s, 1),
+                "report": self.report}
+
+
+def parse_budgets(text: str) -> list[int]:
+    try:
+        budgets = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise ConfigError(f"--budgets {text!r}: not a list of integers", "e.g. --budgets 4,8,16,32") from None
+    if not budgets or budgets[0] < 1 or budgets[-1] > MAX_BUDGET:
+        raise ConfigError(f"--budgets {text!r}: budgets must be 1..{MAX_BUDGET}", "e.g. --budgets 4,8,16,32")
+    return budgets
+
+
+def _fell_everywhere(prev: TrialResult, cur: TrialResult) -> bool:
+    common = [c for c in cur.levels if c in prev.levels]
+    return bool(common) and all(cur.levels[c].tok_s < prev.levels[c].tok_s for c in common)
+
+
+def should_stop(trials: list[TrialResult]) -> bool:
+    """Throughput fell at every level for two budgets in a row (the rule in --help)."""
+    measured = [t for t in trials if t.status == "measured"]
+    return len(measured) >= 3 and _fell_everywhere(measured[-3], measured[-2]) and \
+        _fell_everywhere(measured[-2], measured[-1])
+
+
+def best_per_level(trials: list[TrialResult], levels: list[int], max_regression: float = 0.0) -> dict[int, int]:
+    """The budget with the highest throughput at each level whose speedup interval is wholly
+    above 1 (proven faster than the baseline); 0 where no budget is: the baseline wins."""
+    best: dict[int, int] = {}
+    for c in levels:
+        cands = [(t.levels[c].tok_s, t.budget) for t in trials
+                 if t.status == "measured" and c in t.levels and t.levels[c].low is not None and t.levels[c].low > 1.0]
+        best[c] = max(cands)[1] if cands else 0
+    return best
+
+
+def schedule_text(best: dict[int, int]) -> str:
+    """Bands of running batch size and their budget, `1:32,8:16,32:8,64:0` (the format of the
+    runtime's budget schedule): each measured level starts a band, the first starts at 1;
+    neighbouring bands with the same budget merge."""
+    bands: list[tuple[int, int]] = []
+    for i, c in enumerate(sorted(best)):
+        start = 1 if i == 0 else c
+        if bands and bands[-1][1] == best[c]:
+            continue
+        bands.append((start, best[c]))
+    return ",".join(f"{s}:{b}" for s, b in bands)
+
+
+def recommend(trials: list[TrialResult], levels: list[int], baseline_tok_s: dict[int, float],
+              weights: dict[int, float] | None = None) -> tuple[int | None, str]:
+    """One budget for the objective: the highest traffic-weighted throughput over the levels
+    (equal weights unless given) among budgets with no level below the baseline; None with the
+    numbers when no budget qualifies."""
+    weights = weights or {c: 1.0 for c in levels}
+    scored = []
+    for t in trials:
+        if t.status != "measured" or any(c not in t.levels for c in levels):
+            continue
+        below = [c for c in levels if t.levels[c].speedup is not None and t.levels[c].speedup < 1.0]
+        score = sum(weights[c] * t.levels[c].tok_s for c in levels)
+        scored.append((score, t.budget, below))
+    ok = [s for s in scored if not s[2]]
+    base_score = sum(weights[c] * baseline_tok_s.get(c, 0.0) for c in levels)
+    if ok:
+        score, budget, _ = max(ok)
+        return budget, (f"budget {budget}: traffic-weighted {score:.1f} tok/s vs the baseline's {base_score:.1f} "
+                        f"({(score / base_score - 1) * 100:+.1f} %), no level below the baseline")
+    losses = "; ".join(f"budget {b}: below the baseline at C={','.join(map(str, below))}" for _, b, below in
+                       sorted(scored, key=lambda s: s[1]))
+    return None, ("no budget beats the baseline at these levels: keep the baseline"
+                  + (f" ({losses})" if losses else ""))
+
+
+def _level_results(run, baseline, levels: list[int], confidence: float) -> dict[int, LevelResult]:
+    from opsctl import confidence as cf
+
+    out = {}
+    for c in levels:
+        lv = run.at(c)
+        if not lv:
+            continue
+        iv = cf.speedup_interval(cf.rates(cf.samples_of(lv)), cf.rates(cf.samples_of(baseline.at(c))),
+                                 confidence=confidence, seed=c)
+        out[c] = LevelResult(c, sum(x.output_throughput for x in lv) / len(lv), iv.ratio if iv else None,
+                             iv.low if iv else None, iv.high if iv else None,
+                             len(cf.samples_of(lv)))
+    return out
+
+
+def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None, workload: str | None = None,
+         limit: str | None = None, profile_name: str = "ddtree", progress: Callable[[dict], None] | None = None,
+         report_dir: Path | None = None) -> TuneResult:
+    from opsctl import gating
+    from opsctl.bench.workloads import WorkloadSet, parse_mix
+    from opsctl.config import Inventory, load_inventory
+    from opsctl.deploy import Steps, _deploy_one, _noop, _roll_back_after_failure, disarm_guard, fallback_release
+    from opsctl.deploy import switch, wait_ready, _release_profile
+    from opsctl.hosts import connect
+    from opsctl.releases import HostLock, append_ledger, read_state
+
+    inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
+    host = inv.single(limit)
+    policy = host.gate_policy()
+    update: dict[str, Any] = {}
+    if concurrency:
+        update["concurrency"] = sorted(set(concurrency))
+    if workload:
+        update["workloads"] = parse_mix(workload)
+    policy = policy.model_copy(update=update)
+    profiles = {b: host.profile(profile_name, b) for b in budgets}  # bad budgets before any host I/O
+    WorkloadSet.load(policy.workloads)
+    emit = progress or _noop
+    steps = Steps(progress, host.name)
+    levels = list(policy.concurrency)
+
+    conn = connect(host)
+    try:
+        gating.require_baseline(conn, host, policy)
+        baseline = gating.load_baseline(conn, host, policy)
+        state = read_state(conn, host)
+        restore = state.current if state.current and state.judged(state.current) else \
+            fallback_release(state, host, exclude=None)
+        if restore is None:
+            raise ConfigError(f"{host.name} serves no judged release to come back to",
+                              f"deploy the baseline first: opsctl deploy {host.baseline_profile}")
+    finally:
+        conn.close()
+    base_tok = {c: sum(x.output_throughput for x in baseline.at(c)) / max(len(baseline.at(c)), 1) for c in levels}
+    trials: list[TrialResult] = []
+    interrupted: Interrupted | None = None
+    with BRAKE.engaged(on_note=lambda m: emit({"event": "note", "host": "opsctl", "message": m})):
+        try:
+            for b in budgets:
+                if should_stop(trials):
+                    trials.append(TrialResult(b, None, "skipped (throughput fell at every level for two budgets "
+                                                       "in a row)"))
+                    continue
+
+                timing = {"bench_s": 0.0}
+
+                def bench(conn, host_, plan, steps_, b=b, timing=timing):
+                    tb = time.monotonic()
+                    t0 = steps_.start("bench", f"trial budget {b}: levels {','.join(map(str, levels))}")
+                    run = gating.measure(conn, host_, policy, baseline=baseline,
+                                         meta={"release": plan.release, "profile": plan.profile.label, "trial": True})
+                    res = _level_results(run, baseline, levels, policy.confidence)
+                    steps_.done("bench", t0, ", ".join(f"C={c}: {r.tok_s:.1f} tok/s" for c, r in res.items()))
+                    timing["bench_s"] = time.monotonic() - tb
+                    return {"levels": res, "summary": {str(c): round(r.tok_s, 1) for c, r in res.items()}}
+
+                t_trial = time.monotonic()
+                try:
+                    out = _deploy_one(inv, host, profiles[b], dry_run=False, gates=True, pre_checks=False,
+                                      progress=progress, confirm=None, trial=bench)
+                    trials.append(TrialResult(b, out.release, "measured", out.details["trial"]["levels"],
+                                              time.monotonic() - t_trial - timing["bench_s"], timing["bench_s"]))
+                except Interrupted:
+                    raise
+                except OpsctlError as exc:  # the trial rolled itself back; the tune goes on
+                    trials.append(TrialResult(b, None, f"failed: {exc.problem}",
+                                              deploy_s=time.monotonic() - t_trial))
+        except Interrupted as exc:
+            interrupted = exc
+        finally:
+            t_restore = time.monotonic()
+            with BRAKE.shielded(f"restoring {restore}, which served before the tune"):
+                conn = connect(host)
+                try:
+                    with HostLock(conn, host, "tune restore"):
+                        now = read_state(conn, host)
+                        disarm_guard(conn, host)
+                        if now.current != restore or now.service.get("ActiveState") != "active":
+                            t0 = steps.start("restore", f"{now.current or 'none'} -> {restore}")
+                            since = switch(conn, host, restore)
+                            wait_ready(conn, host, _release_profile(now.releases.get(restore), host), since, steps)
+                            steps.done("restore", t0, f"{restore} serves again")
+                        append_ledger(conn, host, {"action": "tune", "result": "interrupted" if interrupted else "ok",
+                                                   "to_release": None, "restored": restore,
+                                                   "budgets": budgets, "levels": levels,
+                                                   "trials": [t.as_dict() for t in trials]})
+                finally:
+                    conn.close()
+            restore_s = time.monotonic() - t_restore
+    if interrupted is not None:
+        raise Interrupted(f"{interrupted.problem} during the tune: {restore} (what served before) serves again",
+                          "run the tune again when ready", signal_name=interrupted.signal_name)
+    best = best_per_level(trials, levels)
+    rec, reason = recommend(trials, levels, base_tok)
+    result = TuneResult(host.name, profile_name, levels, base_tok, trials, best, schedule_text(best), rec, reason,
+                        restored=restore, restore_s=restore_s)
+    if report_dir is not None:
+        result.report = write_tune_report(result, report_dir)
+    return result
+
+
+def write_tune_report(result: TuneResult, out_dir: Path) -> dict[str, str]:
+    """tok/s against concurrency, one line per budget and the baseline, each budget with its
+    confidence band (the speedup interval times the baseline), as a PNG; and the JSON."""
+    import json
+
+    import matplotlib
+    matplotlib.use("Agg", force=True)
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig = Figure(figsize=(9.0, 4.5), dpi=100)
+    ax = fig.subplots()
+    xs = result.levels
+    ax.plot(xs, [result.baseline_tok_s.get(c, 0) for c in xs], "s--", color="0.4", label="baseline")
+    for t in result.trials:
+        if t.status != "measured":
+            continue
+        cs = [c for c in xs if c in t.levels]
+        line = ax.plot(cs, [t.levels[c].tok_s for c in cs], "o-", label=f"budget {t.budget}")[0]
+        lo = [result.baseline_tok_s.get(c, 0) * (t.levels[c].low or 0) for c in cs]
+        hi = [result.baseline_tok_s.get(c, 0) * (t.levels[c].high or 0) for c in cs]
+        ax.fill_between(cs, lo, hi, color=line.get_color(), alpha=0.15)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(xs))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel("output tokens/s")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"tune {result.profile} on {result.host}: schedule {result.schedule}")
+    fig.tight_layout()
+    png = out_dir / "tune.png"
+    fig.savefig(png, format="png")
+    js = out_dir / "tune.json"
+    js.write_text(json.dumps(result.as_dict(), indent=1, default=str) + "\n")
+    return {"png": str(png), "json": str(js)}

@@ -1,0 +1,334 @@
+"""Rollback you can trust, end to end on the lab host: whatever happens to the controller
+or the host's files, the last good release (or the baseline) serves afterwards, the ledger
+tells the truth, and every command still works."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+OPSCTL = [sys.executable, "-m", "opsctl"]
+FAST = ("--yes", "--no-gate", "--skip-checks")
+ROOT = "/opt/opsctl"
+
+pytestmark = pytest.mark.lab
+
+
+def live(lab) -> dict:
+    out = lab.run(f"readlink {ROOT}/current; systemctl is-active sglang-k26; "
+                  "systemctl show -p MainPID --value sglang-k26", check=False).stdout.splitlines() + ["", "", ""]
+    return {"current": out[0].split("/")[-1], "active": out[1], "pid": out[2]}
+
+
+def ledger(lab) -> list[dict]:
+    out = []
+    for line in lab.run(f"cat {ROOT}/ledger.jsonl", check=False).stdout.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def health(lab) -> int:
+    return int(lab.run("python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:30000/health_generate', "
+                       "timeout=20).status)\" 2>/dev/null || echo 0", check=False).stdout.strip() or 0)
+
+
+def wait_until(pred, timeout: float, step: float = 0.5) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(step)
+    return pred()
+
+
+def opsctl(*args: str, inv: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([*OPSCTL, *args, "-i", str(inv)], capture_output=True, text=True, cwd=REPO,
+                          timeout=timeout)
+
+
+def status(inv: Path) -> dict:
+    p = opsctl("status", "--json", inv=inv, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)[0]
+
+
+def no_orphans() -> str:
+    """ansible-playbook or rsync children of a dead controller still running here."""
+    return subprocess.run(["pgrep", "-af", "ansible-playbook .*prepare.yml|rsync .*opsctl"], capture_output=True,
+                          text=True).stdout.strip()
+
+
+class Controller:
+    """An `opsctl deploy` we can kill -9 at a step, its output read line by line."""
+
+    def __init__(self, *args: str, inv: Path):
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen([*OPSCTL, "deploy", *args, "-i", str(inv)], cwd=REPO, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def kill_at(self, needle: str, timeout: float = 240) -> None:
+        ok = wait_until(lambda: any(needle in x for x in self.lines) or self.proc.poll() is not None, timeout, 0.05)
+        assert ok and any(needle in x for x in self.lines), "\n".join(self.lines)
+        os.kill(self.proc.pid, signal.SIGKILL)  # the controller alone: its children must end with it
+        self.proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def truth_lab(clean_lab, tmp_path_factory):
+    """ar-tp8 judged and live, its baseline stored; an inventory with a short guard."""
+    inv = tmp_path_factory.mktemp("inv") / "inv"
+    shutil.copytree(clean_lab.inventory_dir, inv)
+    gv = inv / "group_vars/all.yml"
+    gv.write_text(gv.read_text().replace("  keep_releases: 5", "  keep_releases: 8\n  guard_s: 15"))
+    p = opsctl("deploy", "ar-tp8", "--yes", "--skip-checks", inv=inv)
+    assert p.returncode == 0, p.stdout + p.stderr
+    clean_lab.inv = inv
+    clean_lab.baseline = live(clean_lab)["current"]
+    return clean_lab
+
+
+def back_on_baseline(lab) -> None:
+    assert wait_until(lambda: live(lab)["current"] == lab.baseline and live(lab)["active"] == "active", 90, 1)
+    assert wait_until(lambda: health(lab) == 200, 60, 1)
+
+
+# 1. a missing `current` link does not turn a failed deploy into an outage
+def test_missing_current_link_a_failed_deploy_goes_back_to_the_last_good(truth_lab):
+    truth_lab.run(f"rm -f {ROOT}/current")
+    with truth_lab.fault("capture_failure", algorithm="DDTREE"):
+        p = opsctl("deploy", "ddtree", "--budget", "3", *FAST, inv=truth_lab.inv)
+    assert p.returncode == 5, p.stdout + p.stderr
+    assert f"rolled back to {truth_lab.baseline}" in p.stderr
+    back_on_baseline(truth_lab)
+    rec = ledger(truth_lab)[-1]
+    assert rec["action"] == "rollback" and rec["to_release"] == truth_lab.baseline and rec["result"] == "ok"
+
+
+# 2. + kill -9 after the switch: the guard reverts; re-running judges, never "unchanged"
+@pytest.mark.parametrize("step", ["ready", "validate", "bench"])
+def test_controller_killed_after_the_switch(truth_lab, step):
+    slow = {"name": "slow_start", "load_s": 60, "algorithm": "DDTREE"} if step == "ready" else None
+    if slow:
+        truth_lab.set_fault(slow.pop("name"), **slow)
+    try:
+        c = Controller("ddtree", "--budget", "4", "--yes", "--skip-checks", inv=truth_lab.inv)
+        c.kill_at(f"] {step:<10} ...")
+    finally:
+        truth_lab.clear_faults()
+    assert no_orphans() == ""
+    # meanwhile status tells the truth: an unjudged release, an unfinished deploy, no borrowed verdict
+    st = status(truth_lab.inv)
+    assert st["release"].startswith("ddtree-b4-") and st["judged"] is False
+    assert st["deploy_in_progress_or_interrupted"] is True
+    assert st["last_verdict"] is None or st["last_verdict"]["release"] == st["release"]
+    assert st["last_good"] == truth_lab.baseline
+    # the guard (15 s) puts the last good release back by itself, under the inventory's host name
+    back_on_baseline(truth_lab)
+    rec = [r for r in ledger(truth_lab) if r.get("reason") == "guard-timeout"][-1]
+    assert rec["host"] == "lab" and rec["to_release"] == truth_lab.baseline
+
+
+def test_rerunning_a_deploy_whose_release_is_live_but_unjudged_judges_it(truth_lab, tmp_path):
+    inv = tmp_path / "inv"  # a guard long enough that the re-run, not the guard, meets the unjudged release
+    shutil.copytree(truth_lab.inv, inv)
+    gv = inv / "group_vars/all.yml"
+    gv.write_text(gv.read_text().replace("guard_s: 15", "guard_s: 300"))
+    with truth_lab.fault("slow_start", load_s=8, algorithm="DDTREE"):
+        c = Controller("ddtree", "--budget", "5", *FAST, inv=inv)
+        c.kill_at("] ready      ...")
+    assert live(truth_lab)["current"].startswith("ddtree-b5-")
+    p = opsctl("deploy", "ddtree", "--budget", "5", "--json", *FAST, inv=inv)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.splitlines()[-1])["outcomes"][0]
+    assert out["result"] == "promoted"  # not "unchanged"
+    assert "was never judged" in p.stdout + p.stderr
+    # the killed deploy's guard was re-armed by this one and disarmed at promote: it never fires
+    timer = truth_lab.run("systemctl is-active opsctl-guard-sglang-k26.timer", check=False).stdout.strip()
+    assert timer != "active"
+    assert live(truth_lab)["current"] == out["release"]
+    truth_lab.last_good = out["release"]
+
+
+# 3. after an interrupted release, a failing deploy goes to the last good one, not to it
+def test_a_failing_deploy_after_an_unjudged_one_goes_to_the_last_good(truth_lab):
+    good = live(truth_lab)["current"]
+    with truth_lab.fault("slow_start", load_s=60, algorithm="DDTREE"):
+        c = Controller("ddtree", "--budget", "6", *FAST, inv=truth_lab.inv)
+        c.kill_at("] ready      ...")
+    unjudged = live(truth_lab)["current"]
+    assert unjudged.startswith("ddtree-b6-")
+    with truth_lab.fault("capture_failure", algorithm="DDTREE"):
+        p = opsctl("deploy", "ddtree", "--budget", "7", *FAST, inv=truth_lab.inv)
+    assert p.returncode == 5
+    assert live(truth_lab)["current"] == good and f"rolled back to {good}" in p.stderr
+    rec = ledger(truth_lab)[-1]
+    assert rec["action"] == "rollback" and rec["to_release"] == good
+
+
+def test_the_guard_waits_for_the_host_lock(truth_lab):
+    good = live(truth_lab)["current"]
+    with truth_lab.fault("slow_start", load_s=90, algorithm="DDTREE"):
+        c = Controller("ddtree", "--budget", "8", *FAST, inv=truth_lab.inv)
+        c.kill_at("] ready      ...")
+        # another operator's command holds the host lock past the guard's 15 s
+        holder = subprocess.Popen(truth_lab.ssh_argv(f"flock {ROOT}/.lock sleep 30"), stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(22)
+            assert live(truth_lab)["current"].startswith("ddtree-b8-")  # the guard waits, it does not cut in
+        finally:
+            holder.wait(60)
+    assert wait_until(lambda: live(truth_lab)["current"] == good, 60, 1)
+
+
+# 4. the ledger cannot be damaged silently
+def test_a_torn_or_foreign_ledger_line_is_reported_and_repaired(truth_lab):
+    truth_lab.run(f"printf '42\\n' >> {ROOT}/ledger.jsonl; printf '{{\"ts\": \"2026-\"' >> {ROOT}/ledger.jsonl")
+    for cmd in (("status",), ("history", "--last", "3")):
+        p = opsctl(*cmd, inv=truth_lab.inv, timeout=60)
+        assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+        assert "not a record" in p.stderr and "(skipped)" in p.stderr
+    p = opsctl("rollback", "--to", "baseline", inv=truth_lab.inv)
+    assert p.returncode == 0, p.stderr
+    text = truth_lab.run(f"cat {ROOT}/ledger.jsonl").stdout
+    last = text.splitlines()[-1]
+    assert json.loads(last)["action"] == "rollback"  # whole, not glued onto the torn line
+    torn = truth_lab.run(f"cat {ROOT}/ledger.jsonl.torn").stdout
+    assert '"text": "{\\"ts\\": \\"2026-\\""' in torn
+
+
+def test_no_room_for_the_release_is_refused_before_anything_changes(truth_lab, snapshot, tmp_path):
+    # an install root on a 2 MiB filesystem: the release and the ledger's room do not fit
+    inv = tmp_path / "inv"
+    shutil.copytree(truth_lab.inv, inv)
+    gv = inv / "group_vars/all.yml"
+    gv.write_text(gv.read_text().replace("install_root: /opt/opsctl", "install_root: /opt/tiny"))
+    truth_lab.run("mkdir -p /opt/tiny && mount -t tmpfs -o size=2m tiny /opt/tiny")
+    before = snapshot(truth_lab)
+    try:
+        p = opsctl("deploy", "ddtree", "--budget", "9", *FAST, inv=inv)
+        assert p.returncode == 3, p.stderr
+        assert "MiB free under /opt/tiny" in p.stderr and "nothing was changed" in p.stderr
+        assert truth_lab.run("ls -A /opt/tiny").stdout.strip() == ""
+    finally:
+        truth_lab.run("umount /opt/tiny; rmdir /opt/tiny; true")
+    assert snapshot(truth_lab) == before
+
+
+# 5. secrets, strictly
+def test_secrets_missing_or_readable_are_refused_and_a_rotation_is_a_new_release(truth_lab, tmp_path):
+    inv = tmp_path / "inv"
+    shutil.copytree(truth_lab.inv, inv)
+    secrets = tmp_path / "secrets.env"
+    gv = inv / "group_vars/all.yml"
+    gv.write_text(gv.read_text().replace("  keep_releases: 8", f"  keep_releases: 8\n  secrets_file: {secrets}"))
+    p = opsctl("deploy", "ar-tp8", *FAST, inv=inv)
+    assert p.returncode == 2 and "does not exist" in p.stderr
+    secrets.write_text("HF_TOKEN=hf_first_value_0000\n")
+    secrets.chmod(0o644)
+    p = opsctl("deploy", "ar-tp8", *FAST, inv=inv)
+    assert p.returncode == 2 and "readable by group/others" in p.stderr
+    secrets.chmod(0o600)
+    outs = []
+    for value in ("hf_first_value_0000", "hf_rotated_value_1111"):
+        secrets.write_text(f"HF_TOKEN={value}\n")
+        p = opsctl("deploy", "ar-tp8", "--json", *FAST, inv=inv)
+        assert p.returncode == 0, p.stderr
+        outs.append((json.loads(p.stdout.splitlines()[-1])["outcomes"][0], p.stdout + p.stderr))
+        env = truth_lab.run("tr '\\0' '\\n' < /proc/$(systemctl show -p MainPID --value sglang-k26)/environ").stdout
+        assert f"HF_TOKEN={value}" in env  # the server sees this value
+    (first, _), (second, _) = outs
+    assert first["result"] == second["result"] == "promoted" and first["release"] != second["release"]
+    # without secrets_file, new releases carry no secrets file
+    p = opsctl("deploy", "ar-tp8", "--json", *FAST, inv=truth_lab.inv)
+    rel = json.loads(p.stdout.splitlines()[-1])["outcomes"][0]["release"]
+    assert truth_lab.run(f"test -e {ROOT}/releases/{rel}/secrets.env").returncode != 0
+    # no value anywhere: outputs, ledger, journal
+    where = "".join(o for _, o in outs) + truth_lab.run(f"cat {ROOT}/ledger.jsonl; journalctl -u sglang-k26 "
+                                                         "--no-pager -o cat").stdout
+    assert "hf_first_value_0000" not in where and "hf_rotated_value_1111" not in where
+
+
+# 6. leftovers and diagnoses
+@pytest.mark.parametrize("step", ["prepare", "drafter"])
+def test_controller_killed_before_the_switch_leaves_no_orphan_and_nothing_live_changed(truth_lab, tmp_path, step):
+    inv = tmp_path / "inv"
+    shutil.copytree(truth_lab.inv, inv)
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "config.json").write_text('{"block_size": 8, "note": "kill test"}\n')
+    with (drafter / "model.safetensors").open("wb") as f:
+        f.write(os.urandom(48 << 20))
+    gv = inv / "group_vars/all.yml"
+    gv.write_text(gv.read_text().replace("source: /var/lib/opsctl-lab/drafter", f"source: {drafter}")
+                  .replace("  keep_releases: 8", "  keep_releases: 8\n  transfer_limit_mib_s: 8"))
+    before = live(truth_lab)
+    c = Controller("ddtree", "--budget", "10", *FAST, inv=inv)
+    c.kill_at(f"] {step:<10} ...")
+    time.sleep(1.5)
+    assert no_orphans() == ""
+    assert live(truth_lab) == before and health(truth_lab) == 200
+    st = status(inv)
+    assert st["release"] == before["current"] and st["judged"] is True
+
+
+def test_a_bit_flipped_drafter_file_is_found_and_resent(truth_lab):
+    p = opsctl("deploy", "ddtree", "--budget", "11", "--json", *FAST, inv=truth_lab.inv)
+    assert p.returncode == 0, p.stderr
+    digest = truth_lab.run(f"basename $(readlink -f {ROOT}/current/drafter)").stdout.strip()
+    f = f"{ROOT}/shared/drafters/{digest}/model.safetensors"
+    good = truth_lab.run(f"sha256sum {f}").stdout.split()[0]
+    for offset, flags in ((2 << 20, ()), ((1 << 20) + 12345, ("--verify-weights",))):
+        truth_lab.run(f"python3 -c \"f=open('{f}','r+b'); f.seek({offset}); b=f.read(1); f.seek({offset}); "
+                      f"f.write(bytes([b[0] ^ 1])); f.close()\"")
+        p = opsctl("deploy", "ddtree", "--budget", "11", "--dry-run", *flags, inv=truth_lab.inv)
+        assert "differs in 1 file(s) (model.safetensors)" in p.stdout + p.stderr
+        p = opsctl("deploy", "ddtree", "--budget", "11", *FAST, *flags, inv=truth_lab.inv)
+        assert p.returncode == 0, p.stderr
+        assert truth_lab.run(f"sha256sum {f}").stdout.split()[0] == good
+
+
+@pytest.mark.parametrize("fault,says", [
+    ({"name": "port_in_use"}, "address already in use"),
+    ({"name": "slow_start", "load_s": 60}, "not ready within 12 s"),
+])
+def test_start_failures_name_what_happened(truth_lab, tmp_path, fault, says):
+    inv = tmp_path / "inv"
+    shutil.copytree(truth_lab.inv, inv)
+    gv = inv / "group_vars/all.yml"
+    gv.write_text(gv.read_text().replace("      readiness_timeout_s: 120\n    ar-tp8",
+                                         "      readiness_timeout_s: 12\n    ar-tp8", 1))
+    fault = dict(fault)
+    with truth_lab.fault(fault.pop("name"), algorithm="DDTREE", **fault):
+        p = opsctl("deploy", "ddtree", "--budget", "12", *FAST, inv=inv)
+    assert p.returncode == 5, p.stderr
+    first = p.stderr.strip().splitlines()[-1]
+    assert says in first, first
+    assert "capture did not run" not in first
+
+
+def test_a_crash_while_serving_names_the_crash_line(truth_lab):
+    with truth_lab.fault("crash_after", requests=3, algorithm="DDTREE"):
+        p = opsctl("deploy", "ddtree", "--budget", "13", "--yes", "--skip-checks", inv=truth_lab.inv)
+    assert p.returncode == 5, p.stderr
+    assert "illegal memory access" in p.stderr.strip().splitlines()[-1]
+    assert live(truth_lab)["active"] == "active" and health(truth_lab) == 200

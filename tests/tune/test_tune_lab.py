@@ -1,0 +1,103 @@
+"""opsctl tune on the lab: the emulator's model of the site decides which budget wins where,
+and the release that served before serves afterwards in every case."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.lab
+REPO = Path(__file__).resolve().parents[2]
+OPSCTL = [sys.executable, "-m", "opsctl"]
+
+
+def opsctl(*args: str, inv: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([*OPSCTL, *args, "-i", str(inv)], capture_output=True, text=True, cwd=REPO, timeout=timeout)
+
+
+def current(lab) -> str:
+    return lab.run("readlink /opt/opsctl/current", check=False).stdout.strip().split("/")[-1]
+
+
+def ledger(lab) -> list[dict]:
+    return [json.loads(x) for x in lab.run("cat /opt/opsctl/ledger.jsonl", check=False).stdout.splitlines() if x.strip()]
+
+
+@pytest.fixture(scope="module")
+def tuned_lab(clean_lab, tmp_path_factory):
+    """ar-tp8 live; the gate's levels 1 and 32 (DDTree wins at 1, loses at 32 in the model)."""
+    inv = tmp_path_factory.mktemp("tune") / "inv"
+    shutil.copytree(clean_lab.inventory_dir, inv)
+    gv = inv / "group_vars/all.yml"
+    gv.write_text(gv.read_text().replace("concurrency: [1, 4, 8]", "concurrency: [1, 32]")
+                  .replace("max_concurrency: 32", "max_concurrency: 64").replace("cuda_graph_max_bs: 32",
+                                                                                 "cuda_graph_max_bs: 64"))
+    p = opsctl("deploy", "ar-tp8", "--yes", "--skip-checks", inv=inv)
+    assert p.returncode == 0, p.stdout + p.stderr
+    clean_lab.inv = inv
+    clean_lab.baseline = current(clean_lab)
+    return clean_lab
+
+
+def test_tune_finds_the_budget_per_level_and_restores_the_live_release(tuned_lab, tmp_path):
+    p = opsctl("tune", "ddtree", "--budgets", "4,16", "--yes", "--json", "--out", str(tmp_path / "t"),
+               inv=tuned_lab.inv)
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout.splitlines()[-1])
+    assert [t["status"] for t in res["trials"]] == ["measured", "measured"]
+    assert res["best"] == {"1": 16, "32": 0}  # the model: budget 16 wins alone, nothing beats AR at 32
+    assert res["schedule"] == "1:16,32:0"
+    assert res["recommendation"] is None and "keep the baseline" in res["reason"]
+    assert current(tuned_lab) == tuned_lab.baseline  # restored
+    recs = ledger(tuned_lab)
+    trials = [r for r in recs if r.get("result") == "trial"]
+    assert len(trials) == 2 and all(r["trial"] for r in trials)
+    st = json.loads(opsctl("status", "--json", inv=tuned_lab.inv).stdout)[0]
+    assert st["last_good"] == tuned_lab.baseline  # a trial never becomes the last good release
+    assert (tmp_path / "t" / "tune.png").stat().st_size > 5000
+
+
+def test_tune_says_keep_the_baseline_when_no_budget_wins(tuned_lab):
+    with tuned_lab.fault("accept_collapse", algorithm="DDTREE"):
+        p = opsctl("tune", "ddtree", "--budgets", "8,32", "--concurrency", "1", "--yes", "--json", inv=tuned_lab.inv)
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout.splitlines()[-1])
+    assert res["best"] == {"1": 0} and res["recommendation"] is None
+    assert res["reason"].startswith("no budget beats the baseline at these levels: keep the baseline")
+    assert current(tuned_lab) == tuned_lab.baseline
+
+
+def test_tune_restores_after_trials_that_fail_to_start_and_after_an_interrupt(tuned_lab, tmp_path):
+    inv = tmp_path / "inv"
+    shutil.copytree(tuned_lab.inv, inv)
+    gv = inv / "group_vars/all.yml"
+    gv.write_text(gv.read_text().replace("      readiness_timeout_s: 120\n    ar-tp8",
+                                         "      readiness_timeout_s: 10\n    ar-tp8", 1))
+    with tuned_lab.fault("slow_start", load_s=60, algorithm="DDTREE"):
+        p = opsctl("tune", "ddtree", "--budgets", "4,8", "--concurrency", "1", "--yes", "--json", inv=inv)
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout.splitlines()[-1])
+    assert all(t["status"].startswith("failed:") for t in res["trials"])
+    assert current(tuned_lab) == tuned_lab.baseline
+    proc = subprocess.Popen([*OPSCTL, "tune", "ddtree", "--budgets", "4,8", "--concurrency", "1", "--yes",
+                             "-i", str(tuned_lab.inv)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    lines = []
+    deadline = time.monotonic() + 240
+    for line in proc.stdout:
+        lines.append(line)
+        if "] bench      ..." in line or time.monotonic() > deadline:
+            break
+    os.kill(proc.pid, signal.SIGINT)
+    out = "".join(lines) + proc.stdout.read()
+    assert proc.wait(240) == 130, out
+    assert "during the tune" in out and f"{tuned_lab.baseline} (what served before) serves again" in out
+    assert current(tuned_lab) == tuned_lab.baseline
+    assert tuned_lab.run("systemctl is-active sglang-k26").stdout.strip() == "active"
