@@ -4,7 +4,8 @@ The load runs as a transient unit in the guest (`opsctl-lab-load`), so it sends
 traffic to the guest's loopback only, needs no process on this machine while it
 runs, and is bounded in both time (`RuntimeMaxSec=`) and requests. Noise: the
 concurrency changes at random between `cmin` and `cmax` every `change_s` seconds
-and each request's output length is drawn from `out_min..out_max`.
+and each request's output length is drawn from `out_min..out_max`. Prompts are chat
+text (the site's traffic; the emulator's acceptance depends on the prompt's domain).
 Production code never imports this module.
 """
 from __future__ import annotations
@@ -28,6 +29,8 @@ lock = threading.Lock()
 stats = {"ok": 0, "errors": 0, "tokens": 0, "started": time.time()}
 target = [a["cmin"]]
 budget = [a["max_requests"]]
+WORDS = ("the", "weather", "travel", "story", "friend", "city", "music", "history", "garden", "recipe", "letter",
+         "movie", "holiday", "river", "book", "morning", "advice", "kitchen", "team", "summer")
 
 def worker(i):
     r = random.Random(a["seed"] * 1000 + i)
@@ -40,7 +43,8 @@ def worker(i):
                 return
             budget[0] -= 1
         n = r.randint(a["out_min"], a["out_max"])
-        body = json.dumps({"input_ids": [r.randint(1, 30000) for _ in range(a["input_len"])],
+        words = [r.choice(WORDS) for _ in range(a["input_len"])]
+        body = json.dumps({"text": "please explain " + " ".join(words),
                            "sampling_params": {"max_new_tokens": n, "temperature": 0.7}}).encode()
         try:
             req = urllib.request.Request(a["url"] + "/generate", data=body, headers={"Content-Type": "application/json"})

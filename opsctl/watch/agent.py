@@ -409,11 +409,23 @@ def read_ledger(root: str, pos: int = 0) -> tuple:
 
 
 def append_ledger(root: str, record: dict) -> dict:
+    """Through the host's ledger appender (`<root>/bin/opsctl-ledger-append`: one whole-line
+    write under an flock, fsynced, a torn last line set aside), the one write path every
+    writer of the ledger uses; a host staged before it existed gets the same under an flock here."""
     rec = {"ts": _iso(time.time()), **record}
-    line = (json.dumps(rec, default=str) + "\n").encode()
-    fd = os.open(os.path.join(root, "ledger.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    line = json.dumps(rec, default=str) + "\n"
+    path = os.path.join(root, "ledger.jsonl")
+    appender = os.path.join(root, "bin", "opsctl-ledger-append")
+    if os.access(appender, os.X_OK):
+        res = _run([appender, path], timeout=60, input=line)
+        if res.returncode != 0:
+            raise OSError(f"ledger append failed (exit {res.returncode}): {res.stderr.strip()[-200:]}")
+        return rec
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, line)   # one write on an O_APPEND file: lines never interleave
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, line.encode())   # one write on an O_APPEND file: lines never interleave
+        os.fsync(fd)
     finally:
         os.close(fd)
     return rec
