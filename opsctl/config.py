@@ -138,6 +138,70 @@ class RuntimeFacts(_Strict):
     runtime_source: Path | None = None
 
 
+class WatchRules(_Strict):
+    """Thresholds of the host-side watch for one profile (`opsctl.watch.rules.<profile>`,
+    over `opsctl.watch.defaults`)."""
+
+    accept_len_floor: float | None = Field(None, ge=1.0, description="default: the profile's accept_len_floor, "
+                                           "else the gate's floor for its kind; never for autoregressive profiles")
+    throughput_fraction: float | None = Field(0.3, gt=0, lt=1, description="breach when decode tok/s at the observed "
+                                              "concurrency is below the baseline's bench curve x (1 - this); null: off")
+    max_error_rate: float = Field(0.05, ge=0, le=1, description="aborted / (finished + aborted) requests in the window")
+    min_requests: int = Field(10, ge=1, description="requests in the window before the error rate is judged")
+    max_journal_errors: int = Field(4, ge=0, description="CUDA error / traceback lines allowed in the window")
+    max_restarts: int = Field(1, ge=0, description="failed exits of the server allowed in the window")
+
+
+class WatchNotify(_Strict):
+    command: str | None = Field(None, description="run with /bin/sh -c; the JSON event on stdin, "
+                                "OPSCTL_WATCH_EVENT=<kind> in the environment")
+    url: str | None = Field(None, description="HTTP(S) URL that receives the JSON event as a POST")
+    timeout_s: float = Field(5.0, gt=0, le=60)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", v):
+            raise ValueError(f"{v!r} is not an http:// or https:// URL")
+        return v
+
+
+class WatchSettings(_Strict):
+    """`opsctl.watch`: the host-side watch that keeps judging a promoted release
+    (opsctl/watch/agent.py, its own systemd unit, installed by every deploy)."""
+
+    enabled: bool = False
+    mode: Literal["rollback", "alert"] = "rollback"
+    interval_s: int = Field(15, ge=1, le=3600)
+    window_s: int = Field(120, ge=2, le=86400)
+    min_samples: int = Field(4, ge=1, description="decode samples a metric rule needs in the window")
+    scrape_timeout_s: float = Field(5.0, gt=0, le=60)
+    defaults: WatchRules = Field(default_factory=WatchRules)
+    rules: dict[str, dict[str, Any]] = Field(default_factory=dict, description="per profile: WatchRules fields")
+    notify: WatchNotify = Field(default_factory=WatchNotify)
+
+    @model_validator(mode="after")
+    def _window(self) -> "WatchSettings":
+        if self.window_s < self.interval_s * self.min_samples:
+            raise ValueError(f"window_s {self.window_s} cannot hold min_samples {self.min_samples} samples taken "
+                             f"every interval_s {self.interval_s}s (needs window_s >= {self.interval_s * self.min_samples})")
+        for name, data in self.rules.items():
+            try:
+                WatchRules(**{**self.defaults.model_dump(exclude_unset=True), **(data or {})})
+            except ValidationError as exc:
+                raise ValueError(f"rules.{name}: {_first_error(exc)}") from None
+        return self
+
+    def rules_for(self, profile: "Profile", gate_floor: float | None) -> WatchRules:
+        rules = WatchRules(**{**self.defaults.model_dump(exclude_unset=True), **(self.rules.get(profile.name) or {})})
+        if profile.kind == "autoregressive":
+            return rules.model_copy(update={"accept_len_floor": None})
+        if rules.accept_len_floor is None:
+            floor = profile.accept_len_floor if profile.accept_len_floor is not None else gate_floor
+            rules = rules.model_copy(update={"accept_len_floor": floor})
+        return rules
+
+
 class HostSettings(_Strict):
     """Everything under `opsctl:` for one host after merging all -> group -> host."""
 
@@ -165,6 +229,7 @@ class HostSettings(_Strict):
     secrets_mode_ok: bool = Field(False, description="accept a secrets_file that group/others can read on the controller")
     profiles: dict[str, dict[str, Any]] = Field(default_factory=dict)
     gate: dict[str, Any] = Field(default_factory=dict)
+    watch: WatchSettings = Field(default_factory=WatchSettings)
 
     @field_validator("service_name")
     @classmethod
@@ -470,6 +535,10 @@ def _host_config(name: str, groups: tuple[str, ...], merged: dict, directory: Pa
             raise ConfigError(f"{where}: opsctl.profiles.{pname}: {_first_error(exc)}", fix) from None
     if parsed.baseline_profile not in profile_names(parsed.profiles):
         raise ConfigError(f"{where}: baseline_profile {parsed.baseline_profile!r} is not a known profile",
+                          f"use one of: {', '.join(profile_names(parsed.profiles))}")
+    unknown_rules = set(parsed.watch.rules) - set(profile_names(parsed.profiles))
+    if unknown_rules:
+        raise ConfigError(f"{where}: opsctl.watch.rules: unknown profile(s) {', '.join(sorted(unknown_rules))}",
                           f"use one of: {', '.join(profile_names(parsed.profiles))}")
     if resolve_profile(parsed.baseline_profile, overrides=parsed.profiles).kind != "autoregressive":
         raise ConfigError(f"{where}: baseline_profile {parsed.baseline_profile!r} is not autoregressive",

@@ -31,6 +31,7 @@ from opsctl.hosts import Connection, connect
 from opsctl.playbook import PlayResult, PlayStep, run_playbook
 from opsctl.releases import HostLock, HostState, ReleaseInfo, append_ledger, now_iso, read_state, release_id, who
 from opsctl.render import Rendered, env_python, render
+from opsctl import watch
 
 Progress = Callable[[dict], None]
 
@@ -256,6 +257,7 @@ def stage(conn: Connection, inv: Inventory, plan: Plan, steps: Steps) -> tuple[P
             "opsctl_drafter_digest": plan.drafter.digest if plan.drafter else "",
             "opsctl_loadgen_src": str(Path(__file__).resolve().parent / "bench" / "loadgen.py"),
             "opsctl_secrets_file": str(s.secrets_file) if s.secrets_file else "",
+            **watch.playbook_vars(host),   # the host-side watch: installed (or removed) with every stage
         }
         t0 = steps.start("prepare", "ansible playbook prepare.yml")
         play = run_playbook(inv, host, "prepare.yml", extravars, progress=steps.task)
@@ -791,6 +793,7 @@ def status(inventory: str | Path | Inventory, *, limit: str | None = None) -> li
         conn = connect(host)
         try:
             state = read_state(conn, host)
+            watch_state = watch.brief(conn, host)
         finally:
             conn.close()
         cur = state.current_release
@@ -811,6 +814,7 @@ def status(inventory: str | Path | Inventory, *, limit: str | None = None) -> li
             "last_good": state.last_good(),
             "ledger_problems": state.ledger_errors,
             "releases": sorted(state.releases), "baseline": state.baseline(host.baseline_profile),
+            "watch": watch_state,
         })
     return out
 

@@ -65,6 +65,15 @@ def _print_plan(plan: dict) -> None:
             _output.info(f"    {line}")
 
 
+def _watch_cell(w: dict) -> str:
+    state = w.get("state", "-")
+    if w.get("mode") and state not in ("off", "not installed"):
+        state += f" ({w['mode']})"
+    if w.get("tripped"):
+        state += f": {w['tripped'].get('kind')} of {w['tripped'].get('release')}"
+    return state
+
+
 def register(app: typer.Typer) -> None:
     @app.command("deploy")
     def deploy_cmd(
@@ -166,11 +175,13 @@ def register(app: typer.Typer) -> None:
         if json_out:
             _output.emit_json(rows)
             return
-        _output.table("status", ["host", "release", "profile", "budget", "service", "since", "restarts", "verdict"],
+        _output.table("status", ["host", "release", "profile", "budget", "service", "since", "restarts", "verdict",
+                                 "watch"],
                       [[r["host"], r["release"] or "-", r["profile"] or "-", r["budget"] or "-",
                         f"{r['service']}/{r['sub_state']}", r["since"] or "-", r["restarts"],
                         (r["last_verdict"] or {}).get("status") or ("never judged" if r.get("judged") is False
-                                                                     else "-")] for r in rows])
+                                                                     else "-"),
+                        _watch_cell(r.get("watch") or {})] for r in rows])
         for r in rows:
             u = r.get("unfinished_deploy")
             if u:

@@ -42,6 +42,17 @@ EMULATOR_FAULTS: dict[str, dict] = {
                                "almost nothing"},
     "code_wins_chat_loses": {"params": {"code": 1.35, "math": 0.9, "chat": 0.08},
                              "symptom": "acceptance skewed by domain: wins on HumanEval, loses on chat"},
+    # start healthy, degrade after a delay (seconds since the server process started)
+    "accept_decay": {"params": {"after_s": 60.0, "over_s": 30.0, "accept_len": 1.5},
+                     "symptom": "healthy for after_s, then accept length falls linearly to accept_len over over_s"},
+    "error_burst": {"params": {"after_s": 60.0, "duration_s": 30.0, "rate": 0.5},
+                    "symptom": "after after_s, for duration_s, that share of finishing requests is aborted "
+                               "(HTTP 500, sglang:num_aborted_requests_total)"},
+    "crash_loop": {"params": {"after_s": 120.0, "every_s": 5.0, "exit_code": 1},
+                   "symptom": "the scheduler dies ('CUDA error: an illegal memory access') after_s after the first "
+                              "start, then every_s after each restart (systemd's Restart= makes it a loop)"},
+    "metrics_off": {"params": {},
+                    "symptom": "/metrics answers 404, as a server started without --enable-metrics"},
 }
 HOST_CONDITIONS: dict[str, dict] = {
     "gpu_leftover": {"params": {"memory_mib": 71234},

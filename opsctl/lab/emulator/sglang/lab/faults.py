@@ -22,6 +22,16 @@ random_loop          text_factor=0.08, ids_factor=1.6          a drafter that on
 code_wins_chat_loses code=1.35, math=0.9, chat=0.08            acceptance by domain skewed: code accepts more,
                                                                chat almost nothing (a release that wins on
                                                                HumanEval and loses on the site's chat)
+
+Faults that start healthy and degrade after a delay (seconds since the server
+process started, so a release can pass its deploy gates first):
+accept_decay         after_s=60, over_s=30, accept_len=1.5     accept length falls linearly from the healthy
+                                                               value to accept_len over over_s (speculative only)
+error_burst          after_s=60, duration_s=30, rate=0.5       that share of the requests finishing in the burst
+                                                               are aborted (HTTP 500, num_aborted_requests_total)
+crash_loop           after_s=120, every_s=5, exit_code=1       the scheduler dies after_s after the first start
+                                                               with this fault, then every_s after each restart
+metrics_off          (none)                                    /metrics answers 404, as without --enable-metrics
 """
 from __future__ import annotations
 
@@ -41,6 +51,10 @@ DEFAULTS: dict[str, dict] = {
     "port_in_use": {},
     "random_loop": {"text_factor": 0.08, "ids_factor": 1.6},
     "code_wins_chat_loses": {"code": 1.35, "math": 0.9, "chat": 0.08},
+    "accept_decay": {"after_s": 60.0, "over_s": 30.0, "accept_len": 1.5},
+    "error_burst": {"after_s": 60.0, "duration_s": 30.0, "rate": 0.5},
+    "crash_loop": {"after_s": 120.0, "every_s": 5.0, "exit_code": 1},
+    "metrics_off": {},
 }
 
 
@@ -76,3 +90,27 @@ def for_algorithm(active: dict[str, dict], algorithm: str | None) -> dict[str, d
         if scope is None or str(scope).upper() == algo:
             out[name] = {k: v for k, v in params.items() if k != "algorithm"}
     return out
+
+
+def crash_loop_delay(params: dict) -> float:
+    """Seconds after this process's start at which the crash_loop fault kills it:
+    after_s for the first start since the fault was set, every_s for every start after
+    that (a marker in $OPSCTL_LAB_RUN_DIR remembers the first start across restarts)."""
+    run_dir = Path(os.environ.get("OPSCTL_LAB_RUN_DIR", "/run/opsctl-lab"))
+    marker = run_dir / "crash_loop.json"
+    try:
+        key = str(path().stat().st_mtime_ns)
+    except OSError:
+        key = "-"
+    try:
+        seen = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        seen = {}
+    if seen.get("faults_file") == key:
+        return float(params.get("every_s", 5.0))
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps({"faults_file": key}))
+    except OSError:
+        pass
+    return float(params.get("after_s", 120.0))

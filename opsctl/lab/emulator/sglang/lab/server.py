@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from sglang.lab import gpu, perf, textgen
+from sglang.lab.faults import crash_loop_delay
 from sglang.lab.log import fatal_traceback, log
 
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable",
@@ -49,6 +50,8 @@ class Req:
     finished: bool = False
     acc: float | None = None
     domain: str = "chat"  # what the prompt is (code, math, chat, ids): acceptance depends on it
+    stream: bool = False
+    aborted: str | None = None   # the abort message (error_burst fault)
 
 
 class Histogram:
@@ -94,6 +97,14 @@ class Emulator:
         self.crash_exit = int(ca.get("exit_code", 1)) if ca else 1
         wvt = faults.get("wrong_verify_tokens")
         self.crash_on_verify = bool(wvt and wvt.get("crash") and algo)
+        # faults that start healthy and degrade after a delay (seconds since the process started)
+        self.t_start = time.monotonic()
+        self.decay = faults.get("accept_decay") if algo else None
+        self.burst = faults.get("error_burst")
+        cl = faults.get("crash_loop")
+        self.crash_at = self.t_start + crash_loop_delay(cl) if cl else None
+        self.crash_loop_exit = int(cl.get("exit_code", 1)) if cl else 1
+        self.metrics_off = "metrics_off" in faults
         # counters
         self.decode_ct = 0
         self.finished_external = 0
@@ -108,9 +119,15 @@ class Emulator:
         self.last_accept_len = 0.0
         self.last_accept_rate = 0.0
         self.last_cuda_graph = True
-        self.gen_tokens_total = 0
-        self.prompt_tokens_total = 0
-        self.requests_total = 0
+        # SGLang 0.5.23 counts these when a request finishes, labelled is_streaming (TokenizerMetricsCollector)
+        self.gen_tokens_total = {"false": 0, "true": 0}
+        self.prompt_tokens_total = {"false": 0, "true": 0}
+        self.requests_total = {"false": 0, "true": 0}
+        self.aborted_total = 0
+        # scheduler gauges hold the last decode report; zeroed when the scheduler goes idle
+        self.g_running = 0
+        self.g_queue = 0
+        self.g_gen_throughput = 0.0
         self.h_ttft, self.h_itl, self.h_e2e = Histogram(), Histogram(), Histogram()
 
     # ------------------------------------------------------------------ lifecycle
@@ -154,13 +171,11 @@ class Emulator:
 
     # ------------------------------------------------------------------ scheduler
     def submit(self, input_ids: list[int], max_new: int, temperature: float, *, internal: bool = False,
-               rid: str | None = None, seed: int | None = None, text: str | None = None) -> Req:
+               rid: str | None = None, seed: int | None = None, text: str | None = None,
+               stream: bool = False) -> Req:
         req = Req(rid or uuid.uuid4().hex, list(input_ids), max(int(max_new), 0),
                   textgen.Generator(input_ids, temperature, None if internal else self.wrong_after, seed),
-                  internal=internal, domain=perf.domain_of(text))
-        if not internal:
-            self.requests_total += 1
-            self.prompt_tokens_total += len(input_ids)
+                  internal=internal, domain=perf.domain_of(text), stream=stream)
         self.waiting.append(req)
         self.wakeup.set()
         return req
@@ -181,15 +196,35 @@ class Emulator:
             elif not req.internal and req.t_last is not None:
                 self.h_itl.observe((now - req.t_last) / n)
             req.t_last = now
-            if not req.internal:
-                self.gen_tokens_total += n
             if decode:  # SGLang's gen throughput counts decode tokens (not prefill's first token)
                 self.iv_gen_tokens += n
         if len(req.out) >= req.max_new:
             req.finished = True
             if not req.internal:
-                self.h_e2e.observe(now - req.t_arrival)
+                self._finish(req, now)
         req.updates.put_nowait(n)
+
+    def _finish(self, req: Req, now: float) -> None:
+        if self.burst and self._in_burst(now) and self.rng.random() < float(self.burst.get("rate", 0.5)):
+            # aborted by the server: the client gets HTTP 500 with the message (non-stream) or an abort
+            # finish_reason (stream); counted in num_aborted_requests_total, not as a finished request
+            req.aborted = "Internal server error: request aborted (opsctl-lab error_burst)"
+            self.aborted_total += 1
+            return
+        key = "true" if req.stream else "false"
+        self.requests_total[key] += 1
+        self.prompt_tokens_total[key] += len(req.input_ids)
+        self.gen_tokens_total[key] += len(req.out)
+        self.h_e2e.observe(now - req.t_arrival)
+
+    def _in_burst(self, now: float) -> bool:
+        start = self.t_start + float(self.burst.get("after_s", 60.0))
+        return start <= now < start + float(self.burst.get("duration_s", 30.0))
+
+    def _decay_frac(self, now: float) -> float:
+        """How far the accept_decay fault has gone: 0 until after_s, 1 from after_s + over_s."""
+        after, over = float(self.decay.get("after_s", 60.0)), max(float(self.decay.get("over_s", 30.0)), 1e-9)
+        return min(max((now - self.t_start - after) / over, 0.0), 1.0)
 
     def _reap(self) -> None:
         done = [r for r in self.running if r.finished]
@@ -227,13 +262,24 @@ class Emulator:
 
         while True:
             if not self.waiting and not self.running:
+                # idle: SGLang publishes the idle gauges (no running requests, no decode throughput)
+                self.g_running = self.g_queue = 0
+                self.g_gen_throughput = 0.0
                 self.wakeup.clear()
-                await self.wakeup.wait()
+                if self.crash_at is None:
+                    await self.wakeup.wait()
+                else:   # the crash_loop fault fires with or without traffic
+                    try:
+                        await asyncio.wait_for(self.wakeup.wait(), max(self.crash_at - time.monotonic(), 0.01))
+                    except asyncio.TimeoutError:
+                        self._crash_loop()
                 t_next = loop.time()
                 # the next decode line measures the busy period only (SGLang's would include the idle gap)
                 self.iv_tic = time.monotonic()
                 self.iv_gen_tokens = 0
                 continue
+            if self.crash_at is not None and time.monotonic() >= self.crash_at:
+                self._crash_loop()
             admitted = []
             while self.waiting and len(self.running) + len(admitted) < self.max_running:
                 admitted.append(self.waiting.popleft())
@@ -272,7 +318,7 @@ class Emulator:
             now = time.monotonic()
             for r in self.running:
                 k = 0
-                m = self._drafts_per_round(r)
+                m = self._drafts_per_round(r, now)
                 if self.algo:
                     # accepted drafts per round: mean exactly m, low variance (error diffusion from a random phase)
                     if r.acc is None:
@@ -291,12 +337,19 @@ class Emulator:
                 self._log_decode(batch)
             self._reap()
 
-    def _drafts_per_round(self, r: Req) -> float:
+    def _drafts_per_round(self, r: Req, now: float | None = None) -> float:
         """Mean accepted drafts per round for this request: the model's acceptance scaled by
         what the prompt is (code > math > chat > random ids), or a fault's skew; never more
-        drafts than the verify width offers."""
+        drafts than the verify width offers. The accept_decay fault moves it to its target."""
         if not self.algo:
             return 0.0
+        healthy = self._healthy_drafts_per_round(r)
+        if not self.decay or now is None:
+            return healthy
+        target = float(self.decay.get("accept_len", 1.5)) - 1.0
+        return healthy + (target - healthy) * self._decay_frac(now)
+
+    def _healthy_drafts_per_round(self, r: Req) -> float:
         base = self.accept_len - 1.0
         if self.model.accept_override is not None:  # the site's collapse: measured, not domain-scaled
             return base
@@ -329,6 +382,17 @@ class Emulator:
         msg += (f"cuda graph: {self.last_cuda_graph}, gen throughput (token/s): {self.last_gen_throughput:.2f}, "
                 f"#queue-req: {len(self.waiting)}")
         log(msg, self.rank)
+        self.g_running, self.g_queue, self.g_gen_throughput = batch, len(self.waiting), self.last_gen_throughput
+
+    def _crash_loop(self) -> None:
+        fatal_traceback(
+            [("sglang/srt/managers/scheduler.py", 3480, "run_scheduler_process", "scheduler.event_loop_overlap()"),
+             ("sglang/srt/managers/scheduler.py", 1198, "event_loop_overlap", "batch_result = self.run_batch(batch)"),
+             ("sglang/srt/model_executor/model_runner.py", 2871, "forward", "output = self._forward_raw(")],
+            "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+            "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace "
+            "below might be incorrect.",
+            rank=self.rank, prefix="Scheduler hit an exception: ", sigquit=True, exit_code=self.crash_loop_exit)
 
     # ------------------------------------------------------------------ HTTP
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -436,7 +500,7 @@ class Emulator:
                 "id": self.model_name, "object": "model", "created": int(time.time()), "owned_by": "sglang",
                 "root": self.model_name, "parent": None, "max_model_len": self.context_len}]}, keep=keep)
         if path == "/metrics" and get:
-            if not self.args.enable_metrics:
+            if not self.args.enable_metrics or self.metrics_off:
                 return await self._send(writer, 404, {"detail": "Not Found"}, keep=keep)
             return await self._send(writer, 200, self.metrics(), ctype="text/plain; version=0.0.4; charset=utf-8",
                                     keep=keep)
@@ -490,22 +554,29 @@ class Emulator:
         batch = (isinstance(text, list)) or (isinstance(ids, list) and ids and isinstance(ids[0], list))
         prompts = (text if isinstance(text, list) else [text]) if text is not None else (ids if batch else [ids])
         prompt_ids = [textgen.encode(x) if isinstance(x, str) else [int(t) for t in x] for x in prompts]
+        stream = bool(p.get("stream")) and not batch
         reqs = [self.submit(pi, max_new, temp, rid=(p.get("rid") if not batch else None), seed=seed,
-                            text=x if isinstance(x, str) else None)
+                            text=x if isinstance(x, str) else None, stream=stream)
                 for pi, x in zip(prompt_ids, prompts)]
         if p.get("stream") and not batch:
             req = reqs[0]
             await self._stream_start(writer, keep)
             while True:
                 await req.updates.get()
+                meta = self._meta(req)
+                if req.aborted:
+                    meta["finish_reason"] = {"type": "abort", "message": req.aborted, "status_code": 500}
                 await self._stream_event(writer, json.dumps({"text": textgen.decode(req.out), "output_ids": list(req.out),
-                                                             "meta_info": self._meta(req)}))
+                                                             "meta_info": meta}))
                 if req.finished:
                     break
             await self._stream_end(writer)
             return 200
         for r in reqs:
             await self.wait_done(r)
+        aborted = next((r.aborted for r in reqs if r.aborted), None)
+        if aborted:   # SGLang raises HTTPException(500, detail=message) for a non-stream abort
+            return await self._send(writer, 500, {"detail": aborted}, keep=keep)
         outs = [{"text": textgen.decode(r.out), "output_ids": list(r.out), "meta_info": self._meta(r)} for r in reqs]
         return await self._send(writer, 200, outs if batch else outs[0], keep=keep)
 
@@ -526,7 +597,8 @@ class Emulator:
             max_new = p.get("max_tokens") or 16
         temp = float(p.get("temperature", 1.0) if p.get("temperature") is not None else 1.0)
         req = self.submit(ids, int(max_new), temp, seed=p.get("seed"),
-                          text=None if (not chat and isinstance(prompt, list)) else str(prompt))
+                          text=None if (not chat and isinstance(prompt, list)) else str(prompt),
+                          stream=bool(p.get("stream")))
         cid = ("chatcmpl-" if chat else "cmpl-") + req.rid
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
@@ -569,6 +641,8 @@ class Emulator:
             await self._stream_end(writer)
             return 200
         await self.wait_done(req)
+        if req.aborted:
+            return await self._send(writer, 500, {"detail": req.aborted}, keep=keep)
         text = textgen.decode(req.out)
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                    "finish_reason": "length"} if chat else
@@ -599,15 +673,21 @@ class Emulator:
         return info
 
     def metrics(self) -> str:
-        lbl = f'model_name="{self.model_name}",engine_type="unified",tp_rank="0",pp_rank="0"'
+        # SchedulerMetricsCollector's labels, and TokenizerMetricsCollector's (model_name; is_streaming on
+        # the per-request counters), as SGLang 0.5.23 exports them (srt/observability/metrics_collector.py)
+        lbl = f'model_name="{self.model_name}",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"'
+        tok = f'model_name="{self.model_name}"'
         out = []
 
         def gauge(name, value, help_):
             out.extend([f"# HELP sglang:{name} {help_}", f"# TYPE sglang:{name} gauge", f"sglang:{name}{{{lbl}}} {value}"])
 
         def counter(name, value, help_):
-            out.extend([f"# HELP sglang:{name} {help_}", f"# TYPE sglang:{name} counter",
-                        f"sglang:{name}{{{lbl}}} {float(value)}"])
+            out.extend([f"# HELP sglang:{name} {help_}", f"# TYPE sglang:{name} counter"])
+            if isinstance(value, dict):   # by is_streaming
+                out.extend(f'sglang:{name}{{{tok},is_streaming="{k}"}} {float(v)}' for k, v in sorted(value.items()))
+            else:
+                out.append(f"sglang:{name}{{{tok}}} {float(value)}")
 
         def hist(name, h: Histogram, help_):
             out.extend([f"# HELP sglang:{name} {help_}", f"# TYPE sglang:{name} histogram"])
@@ -617,9 +697,9 @@ class Emulator:
             out.append(f"sglang:{name}_sum{{{lbl}}} {h.sum}")
             out.append(f"sglang:{name}_count{{{lbl}}} {float(h.n)}")
 
-        gauge("num_running_reqs", len(self.running), "The number of running requests.")
-        gauge("num_queue_reqs", len(self.waiting), "The number of requests in the waiting queue.")
-        gauge("gen_throughput", self.last_gen_throughput, "The generation throughput (token/s).")
+        gauge("num_running_reqs", self.g_running, "The number of running requests.")
+        gauge("num_queue_reqs", self.g_queue, "The number of requests in the waiting queue.")
+        gauge("gen_throughput", self.g_gen_throughput, "The generation throughput (token/s).")
         gauge("spec_accept_length", self.last_accept_len if self.algo else 0.0, "The average acceptance length of speculative decoding.")
         gauge("spec_accept_rate", self.last_accept_rate if self.algo else 0.0, "The average acceptance rate of speculative decoding.")
         gauge("is_cuda_graph", 1.0 if (self.capture_bs and self.last_cuda_graph) else 0.0, "Whether the batch is using CUDA graph.")
@@ -627,6 +707,7 @@ class Emulator:
         counter("prompt_tokens_total", self.prompt_tokens_total, "Number of prefill tokens processed.")
         counter("generation_tokens_total", self.gen_tokens_total, "Number of generation tokens processed.")
         counter("num_requests_total", self.requests_total, "Number of requests processed.")
+        counter("num_aborted_requests_total", self.aborted_total, "Number of requests aborted.")
         hist("time_to_first_token_seconds", self.h_ttft, "Histogram of time to first token in seconds.")
         hist("inter_token_latency_seconds", self.h_itl, "Histogram of inter-token latency in seconds.")
         hist("e2e_request_latency_seconds", self.h_e2e, "Histogram of End-to-end request latency in seconds")

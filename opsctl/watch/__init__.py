@@ -1,0 +1,154 @@
+"""The host-side watch, seen from the controller.
+
+The watch itself is `agent.py` (stdlib only, copied to the host as
+`<root>/bin/opsctl-watch.py`, run by its own unit `opsctl-watch-<service>.service`).
+This module renders what a deploy installs for it (configuration JSON, unit file,
+playbook variables) from the inventory's `opsctl.watch`, and reads / pauses /
+resumes it over a Connection. It never imports typer or rich.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from opsctl.config import BUILTIN_PROFILES, HostConfig, Inventory, profile_names, resolve_profile
+from opsctl.errors import ConfigError, HostError
+from opsctl.hosts import Connection, connect
+
+from . import agent
+
+AGENT_PATH = Path(__file__).resolve().parent / "agent.py"
+STATE_DIR = PurePosixPath("/var/lib/opsctl-watch")
+EVENT_SCHEMA = agent.EVENT_SCHEMA
+
+
+def unit_name(host: HostConfig) -> str:
+    return f"opsctl-watch-{host.service_name}.service"
+
+
+def config_path(host: HostConfig) -> PurePosixPath:
+    return host.install_root / "watch.json"
+
+
+def program_path(host: HostConfig) -> PurePosixPath:
+    return host.install_root / "bin" / "opsctl-watch.py"
+
+
+def host_config(host: HostConfig) -> dict[str, Any]:
+    """The watch's configuration as the host reads it (pure; rules for every known profile)."""
+    w = host.settings.watch
+    policy = host.gate_policy()
+    rules = {}
+    for name in profile_names(host.settings.profiles):
+        data = {**BUILTIN_PROFILES.get(name, {}), **host.settings.profiles.get(name, {})}
+        prof = resolve_profile(name, 1 if data.get("kind") == "ddtree" and "budget" not in data else None,
+                               overrides=host.settings.profiles)
+        rules[name] = w.rules_for(prof, policy.floor_for(prof.kind)).model_dump(mode="json")
+    baseline = host.profile(host.baseline_profile)
+    return {
+        "version": 1, "host": host.name, "service": host.service_name, "unit": host.unit_name,
+        "root": str(host.install_root), "port": host.http_port, "state_dir": str(STATE_DIR),
+        "mode": w.mode, "interval_s": w.interval_s, "window_s": w.window_s, "min_samples": w.min_samples,
+        "scrape_timeout_s": w.scrape_timeout_s, "baseline_profile": host.baseline_profile,
+        "model": host.model.name, "ready_timeout_s": baseline.readiness_timeout_s,
+        "notify": w.notify.model_dump(mode="json"), "rules": rules,
+        "default_rules": w.defaults.model_dump(mode="json"),   # a profile the inventory does not name
+    }
+
+
+def unit_text(host: HostConfig) -> str:
+    from opsctl.render import _environment  # the one template environment (StrictUndefined)
+
+    return _environment().get_template("opsctl-watch.service.j2").render(
+        service_unit=host.unit_name, unit=unit_name(host), host_python=host.host_python,
+        program=program_path(host), config=config_path(host))
+
+
+def playbook_vars(host: HostConfig) -> dict[str, Any]:
+    """Extra variables of prepare.yml: the watch is (re)installed, or removed, by every deploy."""
+    w = host.settings.watch
+    return {"opsctl_watch_enabled": w.enabled, "opsctl_watch_src": str(AGENT_PATH),
+            "opsctl_watch_unit": unit_name(host),
+            "opsctl_watch_unit_text": unit_text(host) if w.enabled else "",
+            "opsctl_watch_config_path": str(config_path(host)),
+            "opsctl_watch_config": json.dumps(host_config(host), indent=1, sort_keys=True) + "\n" if w.enabled else ""}
+
+
+# --------------------------------------------------------------------------- reading and steering it
+
+
+def _agent(conn: Connection, host: HostConfig, command: str, *args: str) -> dict | None:
+    cfg = config_path(host)
+    cmd = (f"test -f {cfg} || {{ echo NOT-INSTALLED; exit 0; }}; {host.host_python} {program_path(host)} "
+           f"--config {cfg} {command} " + " ".join(shlex.quote(a) for a in args))
+    res = conn.run(cmd, check=False, timeout=60)
+    out = res.stdout.strip()
+    if out == "NOT-INSTALLED":
+        return None
+    if not res.ok:
+        raise HostError(f"opsctl-watch {command} on {host.name} failed (exit {res.rc}): "
+                        f"{(res.stderr.strip() or out).splitlines()[-1:] or ['']}"[:300],
+                        f"check 'systemctl status {unit_name(host)}' on the host")
+    try:
+        return json.loads(out.splitlines()[-1])
+    except (ValueError, IndexError):
+        raise HostError(f"opsctl-watch {command} on {host.name} printed no JSON",
+                        "redeploy to reinstall the watch program") from None
+
+
+def brief(conn: Connection, host: HostConfig) -> dict:
+    """The watch's state in one word plus a few numbers (for `opsctl status`)."""
+    rep = _agent(conn, host, "status")
+    if rep is None:
+        return {"state": "not installed" if host.settings.watch.enabled else "off"}
+    return summary(rep)
+
+
+def summary(rep: dict) -> dict:
+    unit = rep.get("unit") or {}
+    last = rep.get("last") or {}
+    if unit.get("ActiveState") not in ("active", "activating", "reloading"):
+        state = f"down ({unit.get('ActiveState') or 'no unit'})"
+    else:
+        state = last.get("state") or "starting"
+    tripped = rep.get("tripped") or None
+    return {"state": state, "mode": (rep.get("config") or {}).get("mode"), "verdict": last.get("verdict"),
+            "paused": bool(rep.get("paused")), "tripped": tripped and {k: tripped.get(k) for k in
+                                                                       ("kind", "release", "to_release", "reason", "ts")},
+            "release": last.get("release")}
+
+
+def status(inv: Inventory, limit: str | None = None) -> list[dict]:
+    out = []
+    for host in inv.select(limit):
+        conn = connect(host)
+        try:
+            rep = _agent(conn, host, "status")
+        finally:
+            conn.close()
+        if rep is None:
+            out.append({"host": host.name, "installed": False, "enabled": host.settings.watch.enabled})
+            continue
+        out.append({"host": host.name, "installed": True, "enabled": host.settings.watch.enabled,
+                    "summary": summary(rep), **rep})
+    return out
+
+
+def set_paused(inv: Inventory, paused: bool, *, limit: str | None = None, reason: str | None = None) -> list[dict]:
+    from opsctl.releases import who
+
+    out = []
+    for host in inv.select(limit):
+        conn = connect(host)
+        try:
+            rec = _agent(conn, host, "pause" if paused else "resume", "--who", who(),
+                         "--reason", reason or ("paused" if paused else "resumed"))
+        finally:
+            conn.close()
+        if rec is None:
+            raise ConfigError(f"no watch is installed on {host.name}",
+                              "set opsctl.watch.enabled: true in the inventory and deploy")
+        out.append(rec)
+    return out

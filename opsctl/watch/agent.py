@@ -1,0 +1,831 @@
+#!/usr/bin/env python3
+"""opsctl watch: keeps judging a promoted release on the host, with no controller.
+
+Runs on the GPU host as its own systemd unit (`opsctl-watch-<service>.service`),
+with the host's python3 and its standard library only (this file is copied to
+`<root>/bin/opsctl-watch.py`; opsctl is not installed there). Every `interval_s`:
+
+1. reads SGLang 0.5.23's Prometheus `/metrics` (`--enable-metrics`): accept length,
+   generation throughput, running and queued requests (the scheduler's gauges of its
+   last decode report), finished and aborted requests (the tokenizer's counters);
+2. reads the service's journal since the last read (cursor): CUDA errors,
+   tracebacks, failed exits and restarts of the unit;
+3. judges the window (`window_s`) with the rules of the live release's profile:
+   accept length below the floor, throughput at the observed concurrency below the
+   baseline's stored bench curve by more than `throughput_fraction`, error/abort rate,
+   journal errors, crashes. Metric rules need `min_samples` samples taken under decode
+   traffic: an idle server never triggers, and metrics that cannot be read are
+   `unknown` and never cause an action by themselves;
+4. on a breach (`mode: rollback`): takes the deploy lock, switches to the host's
+   baseline release with `<root>/bin/opsctl-switch`, waits for ready, appends the
+   reason with the numbers to `<root>/ledger.jsonl`, notifies (command hook and/or
+   HTTP POST of a JSON event, schema `opsctl.watch.event/1`), and stays tripped, so it
+   never switches again, until a later deploy (a `promote` or an `unchanged` deploy
+   record in the ledger) re-arms it. `mode: alert` notifies without switching.
+
+Its state (window, counters, journal cursor, tripped) lives in
+`/var/lib/opsctl-watch/<service>.json`, written atomically every interval, so a
+killed watch restarted by systemd carries on where it was. `pause`/`resume` set a
+flag file next to it (and a ledger record); a paused watch keeps sampling and acts on
+nothing.
+
+usage: opsctl-watch.py --config FILE [run | status | pause | resume] [--who W] [--reason R]
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import fcntl
+import json
+import os
+import re
+import resource
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+EVENT_SCHEMA = "opsctl.watch.event/1"
+STATE_VERSION = 1
+READY_LINE = "The server is fired up and ready to roll!"
+
+# SGLang 0.5.23 metric names (srt/observability/metrics_collector.py)
+M_ACCEPT = "sglang:spec_accept_length"
+M_GEN_TPS = "sglang:gen_throughput"
+M_RUNNING = "sglang:num_running_reqs"
+M_QUEUE = "sglang:num_queue_reqs"
+M_FINISHED = "sglang:num_requests_total"          # counted when a request finishes
+M_ABORTED = "sglang:num_aborted_requests_total"
+M_GEN_TOKENS = "sglang:generation_tokens_total"
+
+RE_CUDA_ERROR = re.compile(r"CUDA error|CUDA out of memory|NCCL error|cudaError")
+RE_TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
+RE_FAILED = re.compile(r"Failed with result '([^']+)'")
+RE_RESTART = re.compile(r"Scheduled restart job")
+
+
+# --------------------------------------------------------------------------- pure parts (unit-tested)
+
+
+def parse_prometheus(text: str) -> dict:
+    """Prometheus text format -> {name: [(labels, value), ...]} (comments skipped)."""
+    out: dict = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r'^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)', line)
+        if not m:
+            continue
+        labels = dict(re.findall(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"', m.group(3) or ""))
+        try:
+            value = float(m.group(4))
+        except ValueError:
+            continue
+        out.setdefault(m.group(1), []).append((labels, value))
+    return out
+
+
+def metric_sum(parsed: dict, name: str):
+    series = parsed.get(name)
+    if not series:
+        return None
+    return sum(v for labels, v in series if labels.get("priority", "") == "")
+
+
+def metric_mean(parsed: dict, name: str):
+    series = [v for labels, v in parsed.get(name) or [] if labels.get("priority", "") == ""]
+    return sum(series) / len(series) if series else None
+
+
+def counter_delta(now, before):
+    """A counter's increase since the last read; a smaller value means the server restarted."""
+    if now is None:
+        return None
+    if before is None:
+        return 0.0
+    return now - before if now >= before else now
+
+
+def sample_from_metrics(parsed: dict, prev: dict, ts: float) -> tuple[dict, dict]:
+    """One sample from a /metrics scrape, and the counters to remember for the next one."""
+    counters = {"finished": metric_sum(parsed, M_FINISHED), "aborted": metric_sum(parsed, M_ABORTED),
+                "gen_tokens": metric_sum(parsed, M_GEN_TOKENS)}
+    running = metric_sum(parsed, M_RUNNING)
+    gen_tps = metric_sum(parsed, M_GEN_TPS)
+    if running is None or gen_tps is None:
+        return ({"ts": ts, "status": "unknown", "why": f"/metrics has no {M_RUNNING if running is None else M_GEN_TPS}"},
+                counters)
+    accept = metric_mean(parsed, M_ACCEPT)
+    s = {"ts": ts, "status": "ok", "running": running, "queue": metric_sum(parsed, M_QUEUE) or 0.0,
+         "gen_tps": round(gen_tps, 2), "accept_len": round(accept, 3) if accept else None,
+         "finished": counter_delta(counters["finished"], prev.get("finished")),
+         "aborted": counter_delta(counters["aborted"], prev.get("aborted")) if counters["aborted"] is not None else 0.0,
+         "gen_tokens": counter_delta(counters["gen_tokens"], prev.get("gen_tokens"))}
+    # the gauges are the scheduler's last decode report; SGLang zeroes running and throughput when it
+    # goes idle (also for a moment between requests) but keeps the accept length: tokens generated
+    # since the last read are decode traffic too
+    s["busy"] = running > 0 and gen_tps > 0
+    s["decode"] = s["busy"] or bool(s["gen_tokens"])
+    return s, counters
+
+
+def classify_journal(entries: list[dict]) -> dict:
+    """Counts in journal entries (journalctl -o json) of the service since the last read."""
+    counts = {"cuda_errors": 0, "tracebacks": 0, "crashes": 0, "restarts": 0, "ready": 0, "lines": 0, "examples": []}
+    for e in entries:
+        msg = e.get("MESSAGE")
+        if isinstance(msg, list):  # journald gives bytes as a list of ints
+            try:
+                msg = bytes(msg).decode("utf-8", "replace")
+            except (TypeError, ValueError):
+                msg = ""
+        msg = str(msg or "")
+        counts["lines"] += 1
+        from_systemd = str(e.get("_PID", "")) == "1" or e.get("SYSLOG_IDENTIFIER") == "systemd"
+        if from_systemd:
+            if RE_FAILED.search(msg):
+                counts["crashes"] += 1
+                _example(counts, msg)
+            elif RE_RESTART.search(msg):
+                counts["restarts"] += 1
+            continue
+        if RE_TRACEBACK.search(msg):
+            counts["tracebacks"] += 1
+        if RE_CUDA_ERROR.search(msg):
+            counts["cuda_errors"] += 1
+            _example(counts, msg)
+        if READY_LINE in msg:
+            counts["ready"] += 1
+    return counts
+
+
+def _example(counts: dict, msg: str) -> None:
+    if len(counts["examples"]) < 3:
+        counts["examples"].append(msg.strip()[:240])
+
+
+def baseline_curve(text: str) -> list:
+    """[(concurrency, median output tok/s)] from a stored baseline bench (JSON lines, bench_serving names)."""
+    by_c: dict = {}
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict) or rec.get("record") in ("meta", "canary") or "output_throughput" not in rec:
+            continue
+        c = rec.get("max_concurrency") or rec.get("concurrency")
+        if not c:
+            continue
+        by_c.setdefault(int(round(float(c))), []).append(float(rec["output_throughput"]))
+    return sorted((c, statistics.median(v)) for c, v in by_c.items() if v)
+
+
+def expected_at(curve: list, concurrency: float):
+    """The baseline's tok/s at this concurrency: linear between the benched levels, the
+    nearest level outside them (above the last level that is a lower bound: it errs
+    towards not switching)."""
+    if not curve or concurrency <= 0:
+        return None
+    if concurrency <= curve[0][0]:
+        return curve[0][1] * (concurrency / curve[0][0] if curve[0][0] > 1 else 1.0)
+    for (c0, v0), (c1, v1) in zip(curve, curve[1:]):
+        if c0 <= concurrency <= c1:
+            return v0 + (v1 - v0) * (concurrency - c0) / (c1 - c0)
+    return curve[-1][1]
+
+
+def _median(values):
+    return round(statistics.median(values), 3) if values else None
+
+
+def evaluate(samples: list, rules: dict, min_samples: int, window_s: float, now: float) -> list:
+    """One finding per rule over the window: status ok | breach | insufficient | unknown | n/a."""
+    win = [s for s in samples if s.get("ts", 0) > now - window_s]
+    ok = [s for s in win if s.get("status") == "ok"]
+    dec = [s for s in ok if s.get("decode")]
+    out = []
+
+    floor = rules.get("accept_len_floor")
+    if floor is None:
+        out.append({"rule": "accept_length", "status": "n/a", "detail": "no accept-length floor for this profile"})
+    else:
+        vals = [s["accept_len"] for s in dec if s.get("accept_len")]
+        med = _median(vals)
+        if len(vals) < min_samples:
+            out.append({"rule": "accept_length", "status": "insufficient", "observed": med, "threshold": floor,
+                        "samples": len(vals), "detail": f"{len(vals)} of {min_samples} decode samples"})
+        else:
+            bad = med < floor
+            out.append({"rule": "accept_length", "status": "breach" if bad else "ok", "observed": med,
+                        "threshold": floor, "samples": len(vals),
+                        "min": round(min(vals), 3), "max": round(max(vals), 3),
+                        "detail": f"median accept length {med:.2f} {'<' if bad else '>='} floor {floor:.2f} "
+                                  f"({len(vals)} decode samples in {int(window_s)} s)"})
+
+    frac = rules.get("throughput_fraction")
+    ratios = [(s["gen_tps"] / s["expected_tps"], s) for s in dec if s.get("expected_tps")]
+    if frac is None:
+        out.append({"rule": "throughput", "status": "n/a", "detail": "throughput rule off"})
+    elif dec and not ratios:
+        out.append({"rule": "throughput", "status": "unknown", "detail": "no baseline bench curve on the host"})
+    elif len(ratios) < min_samples:
+        out.append({"rule": "throughput", "status": "insufficient", "samples": len(ratios),
+                    "threshold": round(1 - frac, 3), "detail": f"{len(ratios)} of {min_samples} decode samples"})
+    else:
+        med = _median([r for r, _ in ratios])
+        tps = _median([s["gen_tps"] for _, s in ratios])
+        exp = _median([s["expected_tps"] for _, s in ratios])
+        conc = _median([s["running"] for _, s in ratios])
+        bad = med < 1 - frac
+        out.append({"rule": "throughput", "status": "breach" if bad else "ok", "observed": med,
+                    "threshold": round(1 - frac, 3), "samples": len(ratios), "gen_tps": tps, "baseline_tps": exp,
+                    "concurrency": conc,
+                    "detail": f"{tps:.1f} tok/s at concurrency {conc:g} = {med:.2f} x the baseline's {exp:.1f} "
+                              f"({'below' if bad else 'within'} the {1 - frac:.2f} limit, {len(ratios)} samples)"})
+
+    fin = sum(s.get("finished") or 0 for s in ok)
+    ab = sum(s.get("aborted") or 0 for s in ok)
+    busy = [s for s in ok if s.get("decode") or (s.get("finished") or 0) + (s.get("aborted") or 0) > 0]
+    max_rate, min_req = rules.get("max_error_rate", 0.05), rules.get("min_requests", 10)
+    jerr = [s.get("journal") for s in win if s.get("journal") is not None]
+    errors = sum(j["cuda_errors"] + j["tracebacks"] for j in jerr)
+    max_jerr = rules.get("max_journal_errors", 4)
+    if errors > max_jerr:
+        out.append({"rule": "errors", "status": "breach", "observed": errors, "threshold": max_jerr,
+                    "detail": f"{errors} CUDA error / traceback lines in the journal in {int(window_s)} s "
+                              f"(limit {max_jerr})", "examples": [x for j in jerr for x in j.get("examples", [])][:3]})
+    elif fin + ab < min_req or len(busy) < min_samples:
+        out.append({"rule": "errors", "status": "insufficient" if ok else "unknown", "requests": int(fin + ab),
+                    "journal_errors": errors, "detail": f"{int(fin + ab)} requests in the window (need {min_req})"})
+    else:
+        rate = ab / (fin + ab)
+        bad = rate > max_rate
+        out.append({"rule": "errors", "status": "breach" if bad else "ok", "observed": round(rate, 4),
+                    "threshold": max_rate, "requests": int(fin + ab), "aborted": int(ab), "journal_errors": errors,
+                    "detail": f"{int(ab)} of {int(fin + ab)} requests aborted ({100 * rate:.1f}%, limit "
+                              f"{100 * max_rate:.1f}%)"})
+
+    crashes = sum(j["crashes"] for j in jerr)
+    max_r = rules.get("max_restarts", 1)
+    if not jerr:
+        out.append({"rule": "restarts", "status": "unknown", "detail": "journal not readable"})
+    else:
+        bad = crashes > max_r
+        out.append({"rule": "restarts", "status": "breach" if bad else "ok", "observed": crashes, "threshold": max_r,
+                    "restarts": sum(j["restarts"] for j in jerr),
+                    "detail": f"the server failed {crashes} time(s) in {int(window_s)} s (limit {max_r})",
+                    **({"examples": [x for j in jerr for x in j.get("examples", [])][:3]} if crashes else {})})
+    return out
+
+
+def summarise(findings: list, samples: list, window_s: float, now: float) -> str:
+    """healthy | breach | idle | unknown, from a window's findings."""
+    if any(f["status"] == "breach" for f in findings):
+        return "breach"
+    win = [s for s in samples if s.get("ts", 0) > now - window_s]
+    if win and all(s.get("status") != "ok" for s in win):
+        return "unknown"
+    if not any(s.get("decode") for s in win if s.get("status") == "ok"):
+        return "idle"
+    return "healthy"
+
+
+def ledger_view(records: list, deploying: bool = False) -> dict:
+    """What the ledger says: a deploy in progress (started, not yet promoted or rolled back).
+    `records` are the records since the last read, `deploying` what the earlier ones said."""
+    for rec in records:
+        act, res = rec.get("action"), rec.get("result")
+        if act == "deploy" and res == "started":
+            deploying = True
+        elif act in ("promote", "rollback") or (act == "deploy" and res == "unchanged"):
+            deploying = False
+    return {"deploying": deploying}
+
+
+def rearmed_after(records: list, position: int) -> dict | None:
+    """The first deploy record after `position` that re-arms a tripped watch."""
+    for rec in records[position:]:
+        act, res = rec.get("action"), rec.get("result")
+        if (act == "promote" and res == "ok") or (act == "deploy" and res == "unchanged"):
+            return rec
+    return None
+
+
+def baseline_release(releases: dict, records: list, baseline_profile: str):
+    """As opsctl's HostState.baseline: the newest release of the baseline profile, preferring
+    one that has served (a `to_release` of an ok record)."""
+    cands = [(m.get("created_at", ""), rid) for rid, m in releases.items()
+             if (m.get("profile") or {}).get("name") == baseline_profile]
+    cands.sort()
+    good = {r.get("to_release") for r in records if r.get("result") == "ok"}
+    preferred = [rid for _, rid in cands if rid in good]
+    pool = preferred or [rid for _, rid in cands]
+    return pool[-1] if pool else None
+
+
+def event(kind: str, cfg: dict, **fields) -> dict:
+    """The JSON a notify hook receives (schema opsctl.watch.event/1, see docs/watch.md)."""
+    return {"schema": EVENT_SCHEMA, "event": kind, "ts": _iso(time.time()), "host": cfg.get("host"),
+            "service": cfg.get("service"), "mode": cfg.get("mode"), **fields}
+
+
+def reason_line(breaches: list) -> str:
+    return "; ".join(f"{b['rule']}: {b['detail']}" for b in breaches)
+
+
+# --------------------------------------------------------------------------- host I/O
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def _read(path: str, default: str = "") -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return default
+
+
+def _write_atomic(path: str, text: str) -> None:
+    d = os.path.dirname(path)
+    os.makedirs(d, exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _run(argv: list, timeout: float = 30, **kw) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kw)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return subprocess.CompletedProcess(argv, 124, "", str(exc))
+
+
+def http_get(url: str, timeout: float) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+    except (OSError, ValueError):
+        return 0, ""
+
+
+def read_ledger(root: str, pos: int = 0) -> tuple:
+    """Complete records appended since byte `pos`, and the new position; the whole ledger
+    again (from 0) when it shrank (rewritten). Returns (records, new_pos, reread)."""
+    path = os.path.join(root, "ledger.jsonl")
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return [], 0, pos > 0
+    reread = size < pos
+    if reread:
+        pos = 0
+    with open(path, "rb") as f:
+        f.seek(pos)
+        data = f.read()
+    end = data.rfind(b"\n") + 1
+    out = []
+    for line in data[:end].decode("utf-8", "replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out, pos + end, reread
+
+
+def append_ledger(root: str, record: dict) -> dict:
+    """Through the host's ledger appender (`<root>/bin/opsctl-ledger-append`: one whole-line
+    write under an flock, fsynced, a torn last line set aside), the one write path every
+    writer of the ledger uses; a host staged before it existed gets the same under an flock here."""
+    rec = {"ts": _iso(time.time()), **record}
+    line = json.dumps(rec, default=str) + "\n"
+    path = os.path.join(root, "ledger.jsonl")
+    appender = os.path.join(root, "bin", "opsctl-ledger-append")
+    if os.access(appender, os.X_OK):
+        res = _run([appender, path], timeout=60, input=line)
+        if res.returncode != 0:
+            raise OSError(f"ledger append failed (exit {res.returncode}): {res.stderr.strip()[-200:]}")
+        return rec
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, line.encode())   # one write on an O_APPEND file: lines never interleave
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return rec
+
+
+def current_release(root: str):
+    try:
+        return os.path.basename(os.readlink(os.path.join(root, "current")))
+    except OSError:
+        return None
+
+
+def release_manifests(root: str) -> dict:
+    out = {}
+    rel = os.path.join(root, "releases")
+    try:
+        names = os.listdir(rel)
+    except OSError:
+        return out
+    for name in names:
+        if name.startswith("."):
+            continue
+        try:
+            out[name] = json.loads(_read(os.path.join(rel, name, "manifest.json")))
+        except ValueError:
+            continue
+    return out
+
+
+class HostLock:
+    """The deploy lock (`<root>/.lock`, flock): a watch rollback never runs beside a deploy,
+    and a deploy started meanwhile is refused naming the watch."""
+
+    def __init__(self, root: str, action: str):
+        self.root, self.action, self.fd = root, action, None
+
+    def acquire(self, wait_s: float) -> bool:
+        self.fd = os.open(os.path.join(self.root, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() > deadline:
+                    os.close(self.fd)
+                    self.fd = None
+                    return False
+                time.sleep(0.2)
+        holder = {"who": f"opsctl-watch@{socket.gethostname()}", "pid": os.getpid(), "action": self.action,
+                  "since": _iso(time.time())}
+        _write_atomic(os.path.join(self.root, ".lock.holder"), json.dumps(holder))
+        return True
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class Watch:
+    def __init__(self, cfg: dict):
+        self.cfg = cfg
+        self.root = cfg["root"]
+        self.unit = cfg["unit"]
+        self.state_path = os.path.join(cfg["state_dir"], f"{cfg['service']}.json")
+        self.pause_path = os.path.join(cfg["state_dir"], f"{cfg['service']}.paused")
+        self.metrics_url = f"http://127.0.0.1:{cfg['port']}/metrics"
+        self.state = self.load_state()
+
+    # ---------------------------------------------------------------- state
+    def load_state(self) -> dict:
+        try:
+            st = json.loads(_read(self.state_path))
+        except ValueError:
+            st = {}
+        if not isinstance(st, dict) or st.get("version") != STATE_VERSION:
+            st = {}
+        st.setdefault("version", STATE_VERSION)
+        st.setdefault("samples", [])
+        st.setdefault("counters", {})
+        st.setdefault("tripped", None)
+        st.setdefault("release", None)
+        st.setdefault("journal_cursor", None)
+        st.setdefault("journal_since", int(time.time()))
+        st.setdefault("watch_starts", 0)
+        st.setdefault("ticks", 0)
+        st.setdefault("cost", {})
+        return st
+
+    def save_state(self) -> None:
+        _write_atomic(self.state_path, json.dumps(self.state, sort_keys=True))
+
+    def paused(self):
+        text = _read(self.pause_path, None)
+        if text is None:
+            return None
+        try:
+            return json.loads(text) or {"paused": True}
+        except ValueError:
+            return {"paused": True}
+
+    # ---------------------------------------------------------------- reading the host
+    def read_journal(self) -> dict | None:
+        argv = ["journalctl", "-u", self.unit, "-o", "json", "--no-pager",
+                "--output-fields=MESSAGE,_PID,SYSLOG_IDENTIFIER"]
+        cursor = self.state.get("journal_cursor")
+        argv += [f"--after-cursor={cursor}"] if cursor else [f"--since=@{self.state['journal_since']}"]
+        res = _run(argv, timeout=30)
+        if res.returncode != 0:
+            return None
+        entries = []
+        for line in res.stdout.splitlines():
+            try:
+                entries.append(json.loads(line))
+            except ValueError:
+                continue
+        if entries and entries[-1].get("__CURSOR"):
+            self.state["journal_cursor"] = entries[-1]["__CURSOR"]
+        return classify_journal(entries)
+
+    def curve(self) -> list:
+        path = os.path.join(self.root, "baselines", self.cfg["model"], f"{self.cfg['baseline_profile']}.jsonl")
+        return baseline_curve(_read(path))
+
+    def rules_for(self, manifest: dict | None) -> dict:
+        prof = (manifest or {}).get("profile") or {}
+        rules = dict(self.cfg.get("rules", {}).get(prof.get("name", ""), {}) or self.cfg.get("default_rules", {}))
+        if rules.get("accept_len_floor") is None and prof.get("accept_len_floor") is not None:
+            rules["accept_len_floor"] = prof["accept_len_floor"]
+        if prof.get("kind") == "autoregressive":
+            rules["accept_len_floor"] = None
+        return rules
+
+    # ---------------------------------------------------------------- one interval
+    def tick(self) -> dict:
+        cpu0, ch0 = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.monotonic()
+        now = time.time()
+        st = self.state
+        st["ticks"] += 1
+        st["last_tick"] = now
+        cur = current_release(self.root)
+        manifests = release_manifests(self.root)
+        lg = st.setdefault("ledger", {"pos": 0, "deploying": False, "served": []})
+        new, lg["pos"], reread = read_ledger(self.root, int(lg.get("pos", 0)))
+        if reread:
+            lg.update(deploying=False, served=[])
+        view = ledger_view(new, bool(lg.get("deploying")))
+        lg["deploying"] = view["deploying"]
+        lg["served"] = sorted(set(lg.get("served", [])) | {r.get("to_release") for r in new
+                                                           if r.get("result") == "ok" and r.get("to_release")})
+        served = [{"to_release": r, "result": "ok"} for r in lg["served"]]
+        if cur != st.get("release"):
+            st["release"], st["samples"], st["counters"] = cur, [], {}
+            st["release_since"] = now
+        tripped = st.get("tripped")
+        if tripped:
+            rec = rearmed_after(new, 0)   # a deploy recorded after the trip
+            if rec is not None:
+                st["tripped"] = None
+                st["rearmed"] = {"ts": rec.get("ts"), "by": rec.get("who"), "release": rec.get("to_release")}
+                st["samples"], st["counters"] = [], {}
+        # sample
+        status, body = http_get(self.metrics_url, timeout=float(self.cfg.get("scrape_timeout_s", 5)))
+        if status == 200:
+            sample, st["counters"] = sample_from_metrics(parse_prometheus(body), st.get("counters", {}), now)
+        else:
+            sample = {"ts": now, "status": "unknown",
+                      "why": f"GET /metrics: {'HTTP ' + str(status) if status else 'no answer'}"}
+        manifest = manifests.get(cur) if cur else None
+        if sample.get("busy"):   # throughput needs a live decode report: running requests and their tok/s
+            exp = expected_at(self.curve(), sample["running"])
+            sample["expected_tps"] = round(exp, 2) if exp else None
+        sample["journal"] = self.read_journal()
+        if view["deploying"]:
+            sample["deploying"] = True
+        st["samples"] = [s for s in st["samples"] if s["ts"] > now - self.cfg["window_s"] - self.cfg["interval_s"]]
+        st["samples"].append(sample)
+        if view["deploying"]:
+            # the deploy judges its own release; the window starts over when it is done
+            st["samples"] = [sample]
+        rules = self.rules_for(manifest)
+        findings = evaluate(st["samples"], rules, self.cfg["min_samples"], self.cfg["window_s"], now)
+        verdict = summarise(findings, st["samples"], self.cfg["window_s"], now)
+        paused = self.paused()
+        state = ("no-release" if cur is None else "deploying" if view["deploying"] else
+                 "tripped" if st.get("tripped") else "paused" if paused else verdict)
+        st["last"] = {"ts": now, "release": cur, "profile": ((manifest or {}).get("profile") or {}).get("name"),
+                      "verdict": verdict, "state": state, "findings": findings, "rules": rules}
+        breaches = [f for f in findings if f["status"] == "breach"]
+        if breaches and cur and not view["deploying"] and not st.get("tripped") and not paused:
+            self.act(cur, manifest, manifests, served, breaches, now)
+        # the watch's own cost, per interval
+        ch1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_ms = (time.process_time() - cpu0) * 1000
+        child_ms = ((ch1.ru_utime + ch1.ru_stime) - (ch0.ru_utime + ch0.ru_stime)) * 1000
+        cost = st["cost"]
+        n = cost.get("n", 0) + 1
+        total = cpu_ms + child_ms
+        cost.update({"n": n, "last_cpu_ms": round(cpu_ms, 2), "last_children_cpu_ms": round(child_ms, 2),
+                     "avg_cpu_ms": round((cost.get("avg_cpu_ms", 0.0) * (n - 1) + total) / n, 2),
+                     "max_cpu_ms": round(max(cost.get("max_cpu_ms", 0.0), total), 2),
+                     "last_wall_ms": round((time.monotonic() - t0) * 1000, 1), "rss_kib": _rss_kib(),
+                     "max_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss})
+        self.save_state()
+        return st["last"]
+
+    # ---------------------------------------------------------------- acting on a breach
+    def act(self, cur: str, manifest, manifests: dict, ledger: list, breaches: list, t_breach: float) -> None:
+        cfg = self.cfg
+        prof = (manifest or {}).get("profile") or {}
+        numbers = [{k: v for k, v in b.items() if k != "status"} for b in breaches]
+        reason = "watch: " + reason_line(breaches)
+        base = baseline_release(manifests, ledger, cfg["baseline_profile"])
+        common = {"host": cfg["host"], "who": f"opsctl-watch@{socket.gethostname()}", "profile": prof.get("name"),
+                  "budget": prof.get("budget"), "automatic": True, "watch": {"breaches": numbers,
+                  "window_s": cfg["window_s"], "interval_s": cfg["interval_s"], "mode": cfg["mode"]}}
+        if cfg["mode"] != "rollback" or base is None or base == cur:
+            why = ("mode alert" if cfg["mode"] != "rollback" else
+                   "no baseline release on the host" if base is None else "the baseline is already live")
+            rec = append_ledger(self.root, {"action": "watch", "result": "alert", "release": cur,
+                                            "reason": f"{reason} (no switch: {why})", **common})
+            self.state["tripped"] = {"ts": t_breach, "kind": "alert", "release": cur, "reason": rec["reason"],
+                                     "breaches": numbers}
+            self.save_state()
+            self.state["tripped"]["notify"] = self.notify(event("alert", cfg, release={"live": cur}, reason=rec["reason"],
+                                                                profile=prof.get("name"), budget=prof.get("budget"),
+                                                                breaches=numbers, switched=False, ledger=rec))
+            self.save_state()
+            return
+        lock = HostLock(self.root, "watch rollback")
+        if not lock.acquire(wait_s=2.0):
+            self.state["last"]["note"] = "breach, but the deploy lock is held (a deploy or rollback is running)"
+            return
+        try:
+            t_switch = time.time()
+            res = _run([os.path.join(self.root, "bin", "opsctl-switch"), self.root, cfg["service"], base],
+                       timeout=120)
+            ready_s, err = None, None
+            if res.returncode != 0:
+                err = f"opsctl-switch failed (exit {res.returncode}): {(res.stderr or res.stdout).strip()[-300:]}"
+            else:
+                bprof = (manifests.get(base) or {}).get("profile") or {}
+                ready_s, err = self.wait_ready(int(t_switch), float(bprof.get("readiness_timeout_s")
+                                                                    or cfg.get("ready_timeout_s", 1800)))
+            t_ready = time.time()
+            common["watch"].update({"breach_at": round(t_breach, 3), "switched_at": round(t_switch, 3),
+                                    "serving_at": round(t_ready, 3) if err is None else None})
+            rec = append_ledger(self.root, {
+                "action": "rollback", "result": "ok" if err is None else "failed", "from_release": cur,
+                "to_release": base, "reason": reason, **common,
+                "ready_s": round(ready_s, 2) if ready_s is not None else None,
+                "breach_to_serving_s": round(t_ready - t_breach, 2) if err is None else None,
+                **({"error": err} if err else {})})
+        finally:
+            lock.release()
+        self.state["tripped"] = {"ts": t_breach, "kind": "rollback", "release": cur, "to_release": base,
+                                 "reason": reason, "breaches": numbers,
+                                 "result": rec["result"], "breach_to_serving_s": rec.get("breach_to_serving_s")}
+        self.state["samples"], self.state["counters"] = [], {}
+        self.save_state()
+        self.state["tripped"]["notify"] = self.notify(event(
+            "rollback" if err is None else "rollback_failed", cfg, release={"from": cur, "to": base},
+            reason=reason, profile=prof.get("name"), budget=prof.get("budget"), breaches=numbers, switched=True,
+            ready_s=rec.get("ready_s"), breach_to_serving_s=rec.get("breach_to_serving_s"), error=err, ledger=rec))
+        self.save_state()
+
+    def wait_ready(self, since: int, timeout: float) -> tuple:
+        """The ready line in the journal since the switch and a 200 from /health_generate."""
+        t0 = time.monotonic()
+        url = f"http://127.0.0.1:{self.cfg['port']}/health_generate"
+        while time.monotonic() - t0 < timeout:
+            res = _run(["journalctl", "-u", self.unit, f"--since=@{since}", "-o", "cat", "--no-pager"], timeout=30)
+            if READY_LINE in res.stdout and http_get(url, timeout=25)[0] == 200:
+                return time.monotonic() - t0, None
+            show = _run(["systemctl", "show", self.unit, "-p", "ActiveState", "--value"], timeout=10).stdout.strip()
+            if show == "failed":
+                return None, f"{self.unit} failed while starting the baseline"
+            time.sleep(0.5)
+        return None, f"the baseline was not ready after {timeout:.0f} s"
+
+    def notify(self, ev: dict) -> dict:
+        """Command hook (the event on stdin, OPSCTL_WATCH_EVENT in the environment) and/or an
+        HTTP POST of the event as JSON; a failed hook is recorded, never retried forever."""
+        out = {}
+        body = json.dumps(ev, default=str)
+        note = self.cfg.get("notify") or {}
+        timeout = float(note.get("timeout_s", 5))
+        if note.get("command"):
+            res = _run(["/bin/sh", "-c", note["command"]], timeout=max(timeout, 30), input=body,
+                       env={**os.environ, "OPSCTL_WATCH_EVENT": ev["event"]})
+            out["command"] = {"rc": res.returncode, "stderr": res.stderr.strip()[-300:]}
+        if note.get("url"):
+            err = None
+            for attempt in range(3):
+                try:
+                    req = urllib.request.Request(note["url"], data=body.encode(), method="POST",
+                                                 headers={"Content-Type": "application/json",
+                                                          "User-Agent": "opsctl-watch"})
+                    with urllib.request.urlopen(req, timeout=timeout) as r:
+                        out["url"] = {"status": r.status, "attempts": attempt + 1}
+                        err = None
+                        break
+                except (OSError, ValueError) as exc:
+                    err = str(exc)
+                    time.sleep(1.0)
+            if err:
+                out["url"] = {"error": err[:300], "attempts": 3}
+        return out
+
+    # ---------------------------------------------------------------- loop
+    def run(self) -> None:
+        self.state["watch_starts"] = self.state.get("watch_starts", 0) + 1
+        self.state["pid"] = os.getpid()
+        self.state["started_at"] = time.time()
+        self.save_state()
+        stop = []
+        signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+        interval = float(self.cfg["interval_s"])
+        next_t = time.monotonic()
+        while not stop:
+            try:
+                self.tick()
+            except Exception as exc:  # noqa: BLE001 - one bad interval must not stop the watch
+                print(f"opsctl-watch: tick failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            next_t += interval
+            delay = next_t - time.monotonic()
+            if delay < 0:
+                next_t, delay = time.monotonic(), 0
+            end = time.monotonic() + delay
+            while not stop and time.monotonic() < end:
+                time.sleep(min(0.5, end - time.monotonic()))
+        self.save_state()
+
+
+def _rss_kib() -> int:
+    for line in _read("/proc/self/status").splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def status_report(cfg: dict) -> dict:
+    w = Watch(cfg)
+    st = w.state
+    unit = f"opsctl-watch-{cfg['service']}.service"
+    show = _run(["systemctl", "show", unit, "-p", "ActiveState", "-p", "SubState", "-p", "MainPID",
+                 "-p", "NRestarts"], timeout=10).stdout
+    props = dict(line.split("=", 1) for line in show.splitlines() if "=" in line)
+    return {"config": {k: cfg.get(k) for k in ("mode", "interval_s", "window_s", "min_samples", "baseline_profile",
+                                                "notify")},
+            "unit": {"name": unit, **props}, "paused": w.paused(), "tripped": st.get("tripped"),
+            "rearmed": st.get("rearmed"), "last": st.get("last"), "samples": st.get("samples", [])[-12:],
+            "watch_starts": st.get("watch_starts"), "ticks": st.get("ticks"), "pid": st.get("pid"),
+            "cost": st.get("cost"), "release": st.get("release")}
+
+
+def set_paused(cfg: dict, paused: bool, who: str, reason: str) -> dict:
+    w = Watch(cfg)
+    if paused:
+        _write_atomic(w.pause_path, json.dumps({"paused": True, "by": who, "reason": reason, "ts": _iso(time.time())}))
+    else:
+        try:
+            os.unlink(w.pause_path)
+        except FileNotFoundError:
+            pass
+    return append_ledger(cfg["root"], {"action": "watch", "result": "paused" if paused else "resumed",
+                                       "host": cfg["host"], "who": who, "release": current_release(cfg["root"]),
+                                       "reason": reason})
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="opsctl-watch", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", required=True)
+    ap.add_argument("command", nargs="?", default="run", choices=["run", "status", "pause", "resume", "tick"])
+    ap.add_argument("--who", default=f"root@{socket.gethostname()}")
+    ap.add_argument("--reason", default="")
+    a = ap.parse_args(argv)
+    try:
+        cfg = json.loads(_read(a.config))
+    except ValueError:
+        cfg = None
+    if not isinstance(cfg, dict):
+        print(f"opsctl-watch: no readable configuration at {a.config} (fix: deploy with opsctl.watch set)",
+              file=sys.stderr)
+        return 2
+    if a.command == "run":
+        Watch(cfg).run()
+    elif a.command == "tick":
+        print(json.dumps(Watch(cfg).tick(), default=str))
+    elif a.command == "status":
+        print(json.dumps(status_report(cfg), default=str))
+    else:
+        print(json.dumps(set_paused(cfg, a.command == "pause", a.who, a.reason or f"{a.command} by {a.who}")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

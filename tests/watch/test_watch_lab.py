@@ -1,0 +1,284 @@
+"""The host-side watch end to end on the lab host (a real systemd host over SSH).
+
+The tests run in file order and share the host: a gated baseline, a gated DDTree
+release that decays after promotion and is switched back by the watch alone, then the
+watch's other behaviours on that host. Load runs inside the guest (opsctl.lab.load,
+a bounded transient unit); the notify receiver listens on the lab's host-side
+address (10.203.9.1), reachable from the guest only through the lab's veth.
+"""
+from __future__ import annotations
+
+import http.server
+import json
+import shutil
+import threading
+import time
+
+import pytest
+
+from opsctl.lab import constants as C
+from opsctl.lab import load
+
+pytestmark = pytest.mark.lab
+
+INTERVAL, WINDOW, MIN_SAMPLES = 2, 10, 3
+YES = ("--yes", "--skip-checks")
+FAST = ("--yes", "--skip-checks", "--no-gate")
+HOOK_FILE = "/run/opsctl-lab/watch-events.jsonl"
+
+
+class _Receiver(http.server.BaseHTTPRequestHandler):
+    events: list = []
+
+    def do_POST(self):  # noqa: N802
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        type(self).events.append(json.loads(body))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *a):
+        pass
+
+
+def _inventory(lab, dest, port: int, mode: str = "rollback", window: int = WINDOW):
+    shutil.copytree(lab.inventory_dir, dest)
+    gv = dest / "group_vars/all.yml"
+    gv.write_text(gv.read_text() + f"""  watch:
+    enabled: true
+    mode: {mode}
+    interval_s: {INTERVAL}
+    window_s: {window}
+    min_samples: {MIN_SAMPLES}
+    notify:
+      url: http://{C.HOST_IP}:{port}/hook
+      command: cat >> {HOOK_FILE}
+""")
+    return dest
+
+
+@pytest.fixture(scope="module")
+def wl(clean_lab, tmp_path_factory):
+    """The lab with two watch inventories (rollback, alert) and a notify receiver."""
+    srv = http.server.ThreadingHTTPServer((C.HOST_IP, 0), _Receiver)
+    _Receiver.events = []
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    base = tmp_path_factory.mktemp("watch-inv")
+    port = srv.server_port
+    ns = type("WatchLab", (), {})()
+    ns.lab, ns.events = clean_lab, _Receiver.events
+    ns.inv = _inventory(clean_lab, base / "rollback", port)
+    ns.alert_inv = _inventory(clean_lab, base / "alert", port, mode="alert")
+    ns.crash_inv = _inventory(clean_lab, base / "crash", port, window=45)
+    clean_lab.run(f"rm -f {HOOK_FILE}")
+    try:
+        yield ns
+    finally:
+        load.stop()
+        srv.shutdown()
+        srv.server_close()
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def current(lab) -> str:
+    return lab.run("readlink /opt/opsctl/current", check=False).stdout.strip().split("/")[-1]
+
+
+def ledger(lab) -> list[dict]:
+    text = lab.run("cat /opt/opsctl/ledger.jsonl", check=False).stdout
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def watch_status(ops, inv) -> dict:
+    rc, out, err = ops.json("watch", "status", inventory=inv)
+    assert rc == 0, err
+    return out[0]
+
+
+def wait_for(pred, timeout: float, step: float = 1.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(step)
+    return pred()
+
+
+def unit_start_epoch(lab) -> float:
+    out = lab.run("systemctl show --timestamp=unix -p ExecMainStartTimestamp --value sglang-k26").stdout.strip()
+    return float(out.lstrip("@"))
+
+
+def restart_service(lab) -> None:
+    lab.run("systemctl restart sglang-k26", check=True, timeout=60)
+    probe = ("python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:30000/health_generate', "
+             "timeout=20).status)\" 2>/dev/null || echo 0")
+    ok = wait_for(lambda: lab.run(probe, check=False).stdout.strip() == "200", 60)
+    assert ok, "the service did not come back"
+
+
+def deploy(ops, inv, *args) -> dict:
+    rc, out, err = ops.json("deploy", *args, inventory=inv)
+    assert rc == 0, err
+    return out["outcomes"][0]
+
+
+# --------------------------------------------------------------------------- tests, in order
+
+
+def test_decayed_ddtree_is_switched_back_to_the_baseline_by_the_host_alone(wl, ops):
+    lab = wl.lab
+    base = deploy(ops, wl.inv, "ar-tp8", *YES)                        # gated: its bench becomes the baseline curve
+    assert lab.run("systemctl is-active opsctl-watch-sglang-k26").stdout.strip() == "active"
+    after_s, over_s, target = 90.0, 2.0, 1.5   # after_s: longer than the gated deploy takes from its switch
+    with lab.fault("accept_decay", after_s=after_s, over_s=over_s, accept_len=target, algorithm="DDTREE"):
+        t_deploy = time.monotonic()
+        ddt = deploy(ops, wl.inv, "ddtree", "--budget", "16", *YES)  # gated: healthy while it is judged
+        deploy_s = time.monotonic() - t_deploy
+        assert ddt["result"] == "promoted"
+        load.start(150, cmin=2, cmax=6, out_min=32, out_max=128)
+        # from here on no opsctl process runs on this machine: only the host's watch can act
+        # the collapse starts after_s after the server's start (the unit's start precedes the emulator's
+        # own clock, so onset errs early: the measured time errs long); within over_s = 2 s the accept
+        # length is below the floor and the throughput below 0.7 x the baseline's
+        onset = unit_start_epoch(lab) + after_s
+        switched = wait_for(lambda: current(lab) == base["release"], timeout=after_s + over_s + WINDOW + 60)
+    assert switched, "the watch never switched back"
+    rec = [r for r in ledger(lab) if r["action"] == "rollback"][-1]
+    assert rec["result"] == "ok" and rec["who"].startswith("opsctl-watch@") and rec["automatic"]
+    assert rec["from_release"] == ddt["release"] and rec["to_release"] == base["release"]
+    breaches = {b["rule"]: b for b in rec["watch"]["breaches"]}
+    assert set(breaches) & {"accept_length", "throughput"}, breaches   # whichever the window showed first
+    for b in (breaches.get("accept_length"), breaches.get("throughput")):
+        if b is None:
+            continue
+        assert b["samples"] >= MIN_SAMPLES and b["observed"] < b["threshold"] and b["detail"] in rec["reason"]
+    if "accept_length" in breaches:
+        assert breaches["accept_length"]["threshold"] == 2.0
+    if "throughput" in breaches:
+        assert breaches["throughput"]["gen_tps"] < 0.7 * breaches["throughput"]["baseline_tps"]
+    w = rec["watch"]
+    assert w["switched_at"] - onset <= WINDOW + INTERVAL, (w, onset)   # within the window plus one interval
+    assert rec["breach_to_serving_s"] < 30
+    print(f"\nwatch: deploy {deploy_s:.1f}s; collapse -> switch {w['switched_at'] - onset:.1f}s, "
+          f"breach -> baseline serving {rec['breach_to_serving_s']:.1f}s (ready {rec['ready_s']:.1f}s)")
+    # the receiver on the lab's host side and the command hook both got the event with the numbers
+    assert wait_for(lambda: wl.events, 10)
+    ev = wl.events[-1]
+    assert ev["schema"] == "opsctl.watch.event/1" and ev["event"] == "rollback" and ev["switched"] is True
+    assert ev["release"] == {"from": ddt["release"], "to": base["release"]} and ev["host"] == "lab"
+    assert ev["breaches"] == rec["watch"]["breaches"] and ev["reason"] == rec["reason"]
+    hooked = [json.loads(x) for x in lab.run(f"cat {HOOK_FILE}").stdout.splitlines()]
+    assert hooked[-1]["event"] == "rollback" and hooked[-1]["ledger"]["ts"] == rec["ts"]
+    # no flapping: tripped, on the baseline, nothing more happens
+    time.sleep(3 * INTERVAL)
+    assert current(lab) == base["release"]
+    assert len([r for r in ledger(lab) if r["action"] == "rollback"]) == 1
+    st = watch_status(ops, wl.inv)
+    assert st["summary"]["state"] == "tripped" and st["tripped"]["release"] == ddt["release"]
+    proc = ops("status", inventory=wl.inv)
+    assert proc.returncode == 0 and "tripped" in proc.stdout and "rollback of " + ddt["release"] in proc.stdout
+    load.stop()
+
+
+def test_killed_watch_is_restarted_by_systemd_with_its_state(wl, ops):
+    lab = wl.lab
+    before = watch_status(ops, wl.inv)
+    pid = before["unit"]["MainPID"]
+    lab.run(f"kill -9 {pid}", check=True)
+    new_pid = wait_for(lambda: (p := lab.run("systemctl show -p MainPID --value opsctl-watch-sglang-k26")
+                                .stdout.strip()) not in ("", "0", pid) and p, 20, 0.5)
+    assert new_pid, "systemd did not restart the watch"
+    time.sleep(INTERVAL + 1)
+    after = watch_status(ops, wl.inv)
+    assert after["watch_starts"] == before["watch_starts"] + 1
+    assert after["tripped"]["ts"] == before["tripped"]["ts"]          # still tripped: state read back from disk
+    assert after["ticks"] > before["ticks"] and after["summary"]["state"] == "tripped"
+    assert current(lab).startswith("ar-tp8-")
+
+
+def test_a_new_deploy_rearms_the_watch(wl, ops):
+    ddt = deploy(ops, wl.inv, "ddtree", "--budget", "16", *FAST)
+    st = wait_for(lambda: (s := watch_status(ops, wl.inv))["tripped"] is None and s, 3 * INTERVAL)
+    assert st and st["rearmed"]["release"] == ddt["release"]
+    assert st["summary"]["state"] in ("idle", "healthy", "unknown")
+
+
+def test_pause_stops_actions_and_resume_lets_it_act(wl, ops):
+    lab = wl.lab
+    rc, out, err = ops.json("watch", "pause", "--reason", "load test", inventory=wl.inv)
+    assert rc == 0, err
+    live = current(lab)
+    with lab.fault("accept_decay", after_s=0, over_s=1, accept_len=1.4, algorithm="DDTREE"):
+        restart_service(lab)                                           # the release degrades from now on
+        load.start(90, cmin=3, cmax=5)
+        st = wait_for(lambda: (s := watch_status(ops, wl.inv))["last"]["verdict"] == "breach" and s,
+                      WINDOW + 6 * INTERVAL)
+        assert st, "the breach was never seen"
+        assert st["summary"]["state"] == "paused" and st["paused"]["reason"] == "load test"
+        time.sleep(2 * INTERVAL)
+        assert current(lab) == live                                   # paused: seen, not acted on
+        recs = ledger(lab)
+        assert recs[-1]["action"] == "watch" and recs[-1]["result"] == "paused" and recs[-1]["who"]
+        rc, out, err = ops.json("watch", "resume", inventory=wl.inv)
+        assert rc == 0, err
+        assert wait_for(lambda: current(lab).startswith("ar-tp8-"), WINDOW + 3 * INTERVAL), "no action after resume"
+    load.stop()
+    kinds = [(r["action"], r.get("result")) for r in ledger(lab)[-3:]]
+    assert kinds == [("watch", "paused"), ("watch", "resumed"), ("rollback", "ok")]
+
+
+def test_alert_mode_only_notifies(wl, ops):
+    lab = wl.lab
+    n_events = len(wl.events)
+    with lab.fault("accept_decay", after_s=0, over_s=1, accept_len=1.4, algorithm="DDTREE"):
+        ddt = deploy(ops, wl.alert_inv, "ddtree", "--budget", "16", *FAST)   # re-arms; the watch now alerts only
+        load.start(90, cmin=3, cmax=5)
+        assert wait_for(lambda: len(wl.events) > n_events, WINDOW + 6 * INTERVAL), "no alert"
+        time.sleep(2 * INTERVAL)
+        assert current(lab) == ddt["release"]
+    load.stop()
+    ev = wl.events[-1]
+    assert ev["event"] == "alert" and ev["switched"] is False and ev["release"] == {"live": ddt["release"]}
+    rec = ledger(lab)[-1]
+    assert rec["action"] == "watch" and rec["result"] == "alert" and "mode alert" in rec["reason"]
+    assert len(wl.events) == n_events + 1                             # once per deploy, not every interval
+
+
+def test_idle_release_is_never_switched(wl, ops):
+    lab = wl.lab
+    with lab.fault("accept_decay", after_s=0, over_s=1, accept_len=1.4, algorithm="DDTREE"):
+        ddt = deploy(ops, wl.inv, "ddtree", "--budget", "12", *FAST)   # broken from the start, but nobody uses it
+        time.sleep(WINDOW + 3 * INTERVAL)
+        st = watch_status(ops, wl.inv)
+    assert current(lab) == ddt["release"]
+    assert st["summary"]["state"] == "idle" and st["tripped"] is None
+
+
+def test_missing_metrics_never_switch(wl, ops):
+    lab = wl.lab
+    with lab.fault("accept_decay", after_s=0, over_s=1, accept_len=1.4, algorithm="DDTREE"):
+        lab.set_fault("metrics_off", algorithm="DDTREE")
+        ddt = deploy(ops, wl.inv, "ddtree", "--budget", "10", *FAST)
+        load.start(60, cmin=3, cmax=5)
+        time.sleep(WINDOW + 3 * INTERVAL)
+        st = watch_status(ops, wl.inv)
+    load.stop()
+    assert current(lab) == ddt["release"]
+    assert st["summary"]["state"] == "unknown" and st["tripped"] is None
+    assert all(s["status"] == "unknown" and "404" in s["why"] for s in st["samples"][-3:])
+
+
+def test_crash_loop_is_rolled_back(wl, ops):
+    """A release that starts crashing minutes after promotion: the unit's Restart= makes it a loop
+    (RestartSec=30), the watch's restarts rule (more than 1 failure in the window) switches back."""
+    lab = wl.lab
+    with lab.fault("crash_loop", after_s=4, every_s=1, algorithm="DDTREE"):
+        ddt = deploy(ops, wl.crash_inv, "ddtree", "--budget", "8", *FAST)
+        assert wait_for(lambda: current(lab).startswith("ar-tp8-"), 90, 2), "crash loop not rolled back"
+    rec = ledger(lab)[-1]
+    assert rec["action"] == "rollback" and rec["from_release"] == ddt["release"] and rec["result"] == "ok"
+    restarts = next(b for b in rec["watch"]["breaches"] if b["rule"] == "restarts")
+    assert restarts["observed"] >= 2 and "illegal memory access" in json.dumps(rec["watch"])
