@@ -14,14 +14,13 @@ import json
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Callable
 
 from opsctl.config import HostConfig
@@ -98,17 +97,6 @@ def drafter_manifest(source: Path) -> DrafterManifest:
 # --------------------------------------------------------------------------- runtime wheel
 
 
-def runtime_source_digest(source: Path) -> str:
-    h = hashlib.sha256()
-    for p in sorted(source.rglob("*")):
-        rel = p.relative_to(source)
-        if not p.is_file() or any(part in ("__pycache__", "build", "dist", "tests", "bench") or part.endswith(".egg-info")
-                                  for part in rel.parts):
-            continue
-        h.update(str(rel).encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
 def runtime_wheel(host: HostConfig) -> Path:
     """The runtime wheel a ddtree release installs: the inventory's prebuilt one, or
     built from runtime/ (cached by source digest, reproducible timestamps)."""
@@ -121,26 +109,10 @@ def runtime_wheel(host: HostConfig) -> Path:
     source = host.runtime.runtime_source or REPO_ROOT / "runtime"
     if not (source / "pyproject.toml").is_file():
         raise ConfigError(f"no runtime source at {source}", "set opsctl.runtime.runtime_wheel to a built wheel")
-    out = CACHE_DIR / "wheels" / runtime_source_digest(source)[:16]
-    existing = sorted(out.glob("*.whl"))
-    if existing:
-        return existing[0]
-    tmp = Path(tempfile.mkdtemp(prefix="opsctl-wheel-"))
-    # build from a copy: setuptools writes build/ and *.egg-info next to the sources
-    src_copy = tmp / "src"
-    shutil.copytree(source, src_copy, ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__",
-                                                                   ".pytest_cache"))
-    env = {**os.environ, "SOURCE_DATE_EPOCH": "1700000000", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(tmp), str(src_copy)],
-                          capture_output=True, text=True, env=env)
-    wheels = sorted(tmp.glob("*.whl"))
-    if proc.returncode != 0 or not wheels:
-        raise ConfigError(f"building the runtime wheel from {source} failed: {(proc.stderr or proc.stdout).strip()[-300:]}",
-                          "run scripts/build-runtime-wheel to see the full error")
-    out.mkdir(parents=True, exist_ok=True)
-    final = out / wheels[0].name
-    os.replace(wheels[0], final)
-    return final
+    # the same reproducible build as `opsctl runtime build`, cached by source digest
+    from opsctl.buildwheel import cached_runtime_wheel
+
+    return cached_runtime_wheel(CACHE_DIR / "wheels", source)
 
 
 # --------------------------------------------------------------------------- drafter sync
@@ -161,9 +133,11 @@ class SyncResult:
         return self.__dict__.copy()
 
 
-def remote_drafter_state(conn: Connection, host: HostConfig) -> tuple[set[str], dict[str, str]]:
-    """(complete drafter digests on the host, sha256 -> path of a verified file there)."""
-    base = host.install_root / "shared" / "drafters"
+def remote_drafter_state(conn: Connection, host: HostConfig, base: PurePosixPath | None = None
+                         ) -> tuple[set[str], dict[str, str]]:
+    """(complete drafter digests on the host, sha256 -> path of a verified file there).
+    `base`: another content-addressed tree of the same layout (the wheelhouses)."""
+    base = base or host.install_root / "shared" / "drafters"
     res = conn.run(f"for m in {base}/*/manifest.json; do [ -f \"$m\" ] && echo \"$m\" && cat \"$m\"; done; true",
                    check=False)
     digests: set[str] = set()
@@ -183,9 +157,9 @@ def remote_drafter_state(conn: Connection, host: HostConfig) -> tuple[set[str], 
 
 
 def plan_drafter(conn: Connection, host: HostConfig, manifest: DrafterManifest,
-                 state: tuple[set[str], dict[str, str]] | None = None) -> dict:
+                 state: tuple[set[str], dict[str, str]] | None = None, base: PurePosixPath | None = None) -> dict:
     """What a sync would do, without doing it."""
-    digests, by_sha = state or remote_drafter_state(conn, host)
+    digests, by_sha = state or remote_drafter_state(conn, host, base)
     if manifest.digest in digests:
         return {"present": True, "send": [], "link": [], "bytes_to_send": 0}
     send = [r for r, m in manifest.files.items() if m["sha256"] not in by_sha]
@@ -216,12 +190,15 @@ def ssh_command(host: HostConfig) -> list[str]:
 
 
 def sync_drafter(conn: Connection, host: HostConfig, source: Path, manifest: DrafterManifest,
-                 progress: Callable[[str], None] | None = None) -> SyncResult:
+                 progress: Callable[[str], None] | None = None, *, base: PurePosixPath | None = None,
+                 what: str = "drafter") -> SyncResult:
+    """Content sync of `manifest`'s files from `source` to `<base>/<digest>` (default: the
+    drafters); `what` names the tree in messages (the wheelhouse uses the same sync)."""
     t0 = time.monotonic()
-    base = host.install_root / "shared" / "drafters"
+    base = base or host.install_root / "shared" / "drafters"
     final = base / manifest.digest
     incoming = base / f".incoming-{manifest.digest}"
-    state = remote_drafter_state(conn, host)
+    state = remote_drafter_state(conn, host, base)
     by_sha = state[1]
     plan = plan_drafter(conn, host, manifest, state)
     if plan["present"]:
@@ -237,7 +214,7 @@ def sync_drafter(conn: Connection, host: HostConfig, source: Path, manifest: Dra
     bytes_sent = 0
     if plan["send"]:
         if progress:
-            progress(f"sending {len(plan['send'])} drafter file(s), {plan['bytes_to_send'] / 2**20:.1f} MiB")
+            progress(f"sending {len(plan['send'])} {what} file(s), {plan['bytes_to_send'] / 2**20:.1f} MiB")
         with tempfile.NamedTemporaryFile("w", suffix=".list") as flist:
             flist.write("\n".join(plan["send"]) + "\n")
             flist.flush()
@@ -250,7 +227,7 @@ def sync_drafter(conn: Connection, host: HostConfig, source: Path, manifest: Dra
                    f"{source}/", f"{host.ssh.user}@{host.ssh.address}:{incoming}/"]
             proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=_die_with_parent)
         if proc.returncode != 0:
-            raise HostError(f"drafter transfer to {host.name} failed (rsync exit {proc.returncode}): "
+            raise HostError(f"{what} transfer to {host.name} failed (rsync exit {proc.returncode}): "
                             f"{proc.stderr.strip().splitlines()[-1:] or ['']}".replace("['", "").replace("']", ""),
                             "check disk space and that rsync is installed on the host; the next deploy resumes")
         m = re.search(r"Total bytes sent: ([\d,]+)", proc.stdout)
@@ -266,7 +243,7 @@ def sync_drafter(conn: Connection, host: HostConfig, source: Path, manifest: Dra
         bad = (check.stdout + check.stderr).strip().splitlines()[:3]
         conn.run(f"cd {shlex.quote(str(incoming))} && sha256sum -c - 2>/dev/null | grep -v ': OK$' | cut -d: -f1 | xargs -r rm -f --",
                  stdin=sums, check=False)
-        raise HostError(f"drafter checksum mismatch on {host.name}: {'; '.join(bad)}",
+        raise HostError(f"{what} checksum mismatch on {host.name}: {'; '.join(bad)}",
                         "the bad files were removed; run the deploy again to resend them")
     conn.run(f"cat > {shlex.quote(str(incoming / 'manifest.json'))} "
              f"&& mv -T {shlex.quote(str(incoming))} {shlex.quote(str(final))}", stdin=manifest.to_json())

@@ -38,7 +38,7 @@ app = typer.Typer(
 )
 
 # command groups, each module exposes register(app)
-_COMMAND_MODULES = ["render", "deploy", "validate", "bench", "check", "lab"]
+_COMMAND_MODULES = ["render", "deploy", "validate", "bench", "check", "lab", "wheelhouse"]
 
 
 def _version(value: bool) -> None:
