@@ -400,7 +400,8 @@ class BuildResult:
                 "wheels": [e.as_dict() for e in self.entries]}
 
 
-def _matches(path: Path, e: Entry, cache: dict) -> bool:
+def _matches(path: Path, e: Entry, cache: dict | None) -> bool:
+    """Present with the locked size and sha256 (`cache`: trust a hash of the same path, size and mtime)."""
     return path.is_file() and (e.size is None or path.stat().st_size == e.size) and sha256_file(path, cache) == e.sha256
 
 
@@ -428,7 +429,7 @@ def build(out: Path | None, requirements: list[str], target: Target, *, add: lis
         return result
     assert out is not None
     out.mkdir(parents=True, exist_ok=True)
-    cache = _hash_cache()
+    cache = None  # "present" means hashed now: a file changed in place with its size and mtime kept is caught
     old = {}
     try:
         old = {e.filename: e for e in read_lock(out).entries}
@@ -464,7 +465,6 @@ def build(out: Path | None, requirements: list[str], target: Target, *, add: lis
     tmp = out / f".{LOCK_NAME}.part"
     tmp.write_text(lock.to_toml())
     os.replace(tmp, out / LOCK_NAME)
-    _save_cache(cache)
     return result
 
 

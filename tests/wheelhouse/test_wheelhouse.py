@@ -99,9 +99,11 @@ def test_second_build_downloads_nothing(small_set, wh_copy, runtime_wheel):
 
 def test_build_fetches_again_only_the_file_that_changed(wh_copy, runtime_wheel):
     six = next(wh_copy.glob("six-*.whl"))
+    st = six.stat()
     data = bytearray(six.read_bytes())
     data[100] ^= 0xFF
     six.write_bytes(bytes(data))
+    os.utime(six, ns=(st.st_atime_ns, st.st_mtime_ns))   # same size, same mtime
     res = wh.build(wh_copy, REQUIREMENTS, wh.Target(PYTHON, PLATFORM), add=[runtime_wheel])
     assert res.downloaded == [six.name]
     assert wh.verify(wh_copy).ok
@@ -221,3 +223,38 @@ def test_runtime_build_is_reproducible_and_is_what_the_script_builds(tmp_path):
                             text=True, env={**os.environ, "PYTHON": sys.executable}, timeout=300)
     assert script.returncode == 0, script.stderr
     assert wh.sha256_file(Path(script.stdout.strip())) == ja["sha256"]
+
+
+# --------------------------------------------------------------------------- deploy's plan, before any host I/O
+
+
+class NoHost:
+    """A connection that must not be used."""
+
+    def run(self, command, **kw):
+        raise AssertionError(f"the host was contacted: {command}")
+
+    put = get = run
+
+
+def _lab_host_with(wheelhouse: Path, requirements=("six==1.16.0",)):
+    from opsctl.config import load_inventory
+
+    host = load_inventory(REPO / "inventories" / "lab").hosts["lab"]
+    s = host.settings
+    runtime = s.runtime.model_copy(update={"wheelhouse": wheelhouse, "base_requirements": tuple(requirements)})
+    return host.model_copy(update={"settings": s.model_copy(update={"runtime": runtime})})
+
+
+def test_deploy_plan_refuses_a_wheelhouse_without_lock_or_not_matching_it_before_touching_the_host(wh_copy):
+    with pytest.raises(ConfigError, match="no pylock.toml"):
+        wh.plan_base_env(NoHost(), _lab_host_with(wh_copy.parent))   # a directory without a lock
+    six = next(wh_copy.glob("six-*.whl"))
+    six.write_bytes(b"not a wheel")
+    with pytest.raises(ConfigError) as exc:
+        wh.plan_base_env(NoHost(), _lab_host_with(wh_copy))
+    assert six.name in exc.value.problem and "opsctl wheelhouse verify" in exc.value.fix
+    wh.build(wh_copy, ["six==1.16.0"], wh.Target(PYTHON, PLATFORM))   # back to a consistent set of one
+    with pytest.raises(ConfigError) as exc:
+        wh.plan_base_env(NoHost(), _lab_host_with(wh_copy, ("sglang==0.5.23",)))
+    assert "no sglang" in exc.value.problem
