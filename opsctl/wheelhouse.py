@@ -9,7 +9,9 @@ target (CPython version + platform tag, e.g. 3.11 / manylinux_2_34_x86_64):
   fetched), isolated from pip's configuration files and resolution settings (a machine's
   constraints or local find-links must not change what the host gets);
 - download: only files not already present with the locked sha256 (`pip download
-  --require-hashes`), into a temporary name, checked, then renamed;
+  --require-hashes`), into a temporary name, checked, then renamed; a re-run for the same
+  target and requirements reuses the lock (no resolution, no drift, no network when every
+  file is present) unless asked to `refresh`;
 - local wheels (the runtime wheel, the lab's emulator) join the set as they are,
   without their dependencies (`no-deps`);
 - verify: every file matches the lock, nothing unlocked lies beside it, and pip's
@@ -21,6 +23,7 @@ target (CPython version + platform tag, e.g. 3.11 / manylinux_2_34_x86_64):
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import os
 import platform as _platform
@@ -384,6 +387,7 @@ class BuildResult:
     removed: list[str] = field(default_factory=list)
     resolve_s: float = 0.0
     download_s: float = 0.0
+    reused_lock: bool = False
 
     @property
     def total_bytes(self) -> int:
@@ -395,7 +399,7 @@ class BuildResult:
                 "dry_run": self.dry_run, "packages": len(self.entries), "total_bytes": self.total_bytes,
                 "sizes_unknown": [e.filename for e in self.entries if e.size is None],
                 "downloaded": self.downloaded, "downloaded_bytes": self.downloaded_bytes,
-                "already_present": len(self.present), "removed": self.removed,
+                "already_present": len(self.present), "removed": self.removed, "reused_lock": self.reused_lock,
                 "resolve_s": round(self.resolve_s, 2), "download_s": round(self.download_s, 2),
                 "wheels": [e.as_dict() for e in self.entries]}
 
@@ -405,13 +409,32 @@ def _matches(path: Path, e: Entry, cache: dict | None) -> bool:
     return path.is_file() and (e.size is None or path.stat().st_size == e.size) and sha256_file(path, cache) == e.sha256
 
 
+def _reusable_lock(out: Path | None, requirements: list[str], target: Target, index_url: str) -> Lock | None:
+    """The lock already in `out` when it was made for the same target, requirements and index."""
+    if out is None or not (out / LOCK_NAME).is_file():
+        return None
+    try:
+        lock = read_lock(out)
+    except ConfigError:
+        return None
+    same = (lock.target == target and lock.requirements == list(requirements)
+            and (not requirements or lock.index_url == index_url))
+    return lock if same else None
+
+
 def build(out: Path | None, requirements: list[str], target: Target, *, add: list[Path] = (),
-          index_url: str = PYPI, dry_run: bool = False, say: Say = _quiet) -> BuildResult:
-    """Resolve, download what is missing, write the lock. `dry_run`: resolve and size only."""
+          index_url: str = PYPI, dry_run: bool = False, refresh: bool = False, say: Say = _quiet) -> BuildResult:
+    """Resolve (or reuse the lock in `out` made for the same target and requirements, unless
+    `refresh`), download what is missing, write the lock. `dry_run`: resolve and size only."""
     if not dry_run and out is None:
         raise ConfigError("no output directory", "pass --out DIR (or --dry-run)")
     t0 = time.monotonic()
-    entries = resolve(requirements, target, index_url=index_url) if requirements else []
+    reuse = None if refresh else _reusable_lock(out, requirements, target, index_url)
+    if reuse is not None:
+        say(f"reusing {out / LOCK_NAME} (same target and requirements; --refresh resolves again)")
+        entries = [dataclasses.replace(e, requested=False) for e in reuse.entries if not e.no_deps]
+    else:
+        entries = resolve(requirements, target, index_url=index_url) if requirements else []
     local_files = {Path(w).name: Path(w) for w in add}
     for wheel in add:
         local = local_entry(Path(wheel), target)
@@ -422,7 +445,8 @@ def build(out: Path | None, requirements: list[str], target: Target, *, add: lis
     if not entries:
         raise ConfigError("nothing to put in the wheelhouse", "pass requirements (--sglang VERSION) or --add WHEEL")
     resolve_s = time.monotonic() - t0
-    result = BuildResult(out or Path("."), target, list(requirements), entries, dry_run, resolve_s=resolve_s)
+    result = BuildResult(out or Path("."), target, list(requirements), entries, dry_run, resolve_s=resolve_s,
+                         reused_lock=reuse is not None)
     if dry_run:
         say(f"resolved {len(entries)} wheels in {resolve_s:.1f}s; sizing them")
         _remote_sizes(entries)

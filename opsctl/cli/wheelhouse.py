@@ -57,14 +57,17 @@ def build_cmd(
                                   "and download from (pip's own configuration files are not read)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Resolve and print the set and its total size; "
                                  "download nothing, write nothing."),
+    refresh: bool = typer.Option(False, "--refresh", help="Resolve again even when DIR's pylock.toml was made "
+                                 "for the same target and requirements (default: reuse it, no drift)."),
     inventory: Optional[Path] = _common.InventoryOpt,
     limit: Optional[str] = _common.LimitOpt,
     json_out: bool = _common.JsonOpt,
 ) -> None:
     """Resolve the complete pinned set of wheels for the host, download what is missing, write pylock.toml.
 
-    Files already present with the locked sha256 are not downloaded again; wheels an earlier
-    lock had and this one does not are removed (pip could otherwise pick them). With --json,
+    A re-run for the same target and requirements reuses DIR's lock (no resolution; --refresh
+    resolves again); files already present with the locked sha256 are not downloaded again;
+    wheels an earlier lock had and this one does not are removed (pip could otherwise pick them). With --json,
     prints {directory, lock, python, platform, packages, total_bytes, downloaded, downloaded_bytes,
     already_present, wheels: [{name, version, file, sha256, size, url}]}.
 
@@ -91,7 +94,7 @@ def build_cmd(
 
             wheels.append(build_runtime_wheel(Path(tmp)).path)
         res = wh.build(directory, requirements, target, add=wheels, index_url=index_url, dry_run=dry_run,
-                       say=_output.info)
+                       refresh=refresh, say=_output.info)
     if json_out:
         _output.emit_json({"ok": True, **res.as_dict()})
         return
@@ -100,7 +103,8 @@ def build_cmd(
                   ["package", "version", "file", "size"], rows)
     unknown = sum(1 for e in res.entries if e.size is None)
     _output.info(f"total {_mib(res.total_bytes)} in {len(res.entries)} wheels"
-                 + (f" ({unknown} of unknown size)" if unknown else "") + f"; resolved in {res.resolve_s:.1f}s")
+                 + (f" ({unknown} of unknown size)" if unknown else "")
+                 + ("; from the existing lock" if res.reused_lock else f"; resolved in {res.resolve_s:.1f}s"))
     if not dry_run:
         _output.info(f"downloaded {len(res.downloaded)} file(s), {_mib(res.downloaded_bytes)} in {res.download_s:.1f}s; "
                      f"{len(res.present)} already present" + (f"; removed {len(res.removed)} unlocked" if res.removed

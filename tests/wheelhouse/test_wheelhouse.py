@@ -88,13 +88,31 @@ def test_build_writes_a_valid_pep751_lock_with_every_files_sha256_and_size(small
     assert len(res.downloaded) == 3 and res.downloaded_bytes > 0
 
 
-def test_second_build_downloads_nothing(small_set, wh_copy, runtime_wheel):
+def test_second_build_downloads_nothing_and_does_not_resolve_again(small_set, wh_copy, runtime_wheel, monkeypatch):
     before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in wh_copy.glob("*.whl")}
+
+    def no_resolution(*a, **kw):
+        raise AssertionError("resolved again although the lock was made for the same target and requirements")
+
+    monkeypatch.setattr(wh, "resolve", no_resolution)
+    monkeypatch.setattr(wh, "_download", no_resolution)
     res = wh.build(wh_copy, REQUIREMENTS, wh.Target(PYTHON, PLATFORM), add=[runtime_wheel])
-    assert res.downloaded == [] and res.downloaded_bytes == 0
+    assert res.reused_lock and res.downloaded == [] and res.downloaded_bytes == 0
     assert len(res.present) == 4
     assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in wh_copy.glob("*.whl")} == before
     assert (wh_copy / wh.LOCK_NAME).read_text() == (small_set[0] / wh.LOCK_NAME).read_text()
+
+
+def test_refresh_or_other_requirements_resolve_again(wh_copy, runtime_wheel, monkeypatch):
+    calls = []
+    real = wh.resolve
+    monkeypatch.setattr(wh, "resolve", lambda *a, **kw: calls.append(a[0]) or real(*a, **kw))
+    res = wh.build(wh_copy, REQUIREMENTS, wh.Target(PYTHON, PLATFORM), add=[runtime_wheel], refresh=True)
+    assert calls == [REQUIREMENTS] and not res.reused_lock and res.downloaded == []
+    res = wh.build(wh_copy, ["six==1.16.0"], wh.Target(PYTHON, PLATFORM))
+    assert calls[-1] == ["six==1.16.0"] and not res.reused_lock
+    assert len(res.removed) == 3 and not any(p.startswith("six-") for p in res.removed)
+    assert [p.name for p in wh_copy.glob("*.whl")] == ["six-1.16.0-py2.py3-none-any.whl"] and wh.verify(wh_copy).ok
 
 
 def test_build_fetches_again_only_the_file_that_changed(wh_copy, runtime_wheel):
