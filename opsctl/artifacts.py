@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Callable
 
 from opsctl.brake import die_with_parent
@@ -97,17 +97,6 @@ def drafter_manifest(source: Path) -> DrafterManifest:
 # --------------------------------------------------------------------------- runtime wheel
 
 
-def runtime_source_digest(source: Path) -> str:
-    h = hashlib.sha256()
-    for p in sorted(source.rglob("*")):
-        rel = p.relative_to(source)
-        if not p.is_file() or any(part in ("__pycache__", "build", "dist", "tests", "bench") or part.endswith(".egg-info")
-                                  for part in rel.parts):
-            continue
-        h.update(str(rel).encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
 def runtime_wheel(host: HostConfig) -> Path:
     """The runtime wheel a ddtree release installs: the inventory's prebuilt one, or
     built from runtime/ (cached by source digest, reproducible timestamps)."""
@@ -120,26 +109,10 @@ def runtime_wheel(host: HostConfig) -> Path:
     source = host.runtime.runtime_source or REPO_ROOT / "runtime"
     if not (source / "pyproject.toml").is_file():
         raise ConfigError(f"no runtime source at {source}", "set opsctl.runtime.runtime_wheel to a built wheel")
-    out = CACHE_DIR / "wheels" / runtime_source_digest(source)[:16]
-    existing = sorted(out.glob("*.whl"))
-    if existing:
-        return existing[0]
-    tmp = Path(tempfile.mkdtemp(prefix="opsctl-wheel-"))
-    # build from a copy: setuptools writes build/ and *.egg-info next to the sources
-    src_copy = tmp / "src"
-    shutil.copytree(source, src_copy, ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__",
-                                                                   ".pytest_cache"))
-    env = {**os.environ, "SOURCE_DATE_EPOCH": "1700000000", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(tmp), str(src_copy)],
-                          capture_output=True, text=True, env=env)
-    wheels = sorted(tmp.glob("*.whl"))
-    if proc.returncode != 0 or not wheels:
-        raise ConfigError(f"building the runtime wheel from {source} failed: {(proc.stderr or proc.stdout).strip()[-300:]}",
-                          "run scripts/build-runtime-wheel to see the full error")
-    out.mkdir(parents=True, exist_ok=True)
-    final = out / wheels[0].name
-    os.replace(wheels[0], final)
-    return final
+    # the same reproducible build as `opsctl runtime build`, cached by source digest
+    from opsctl.buildwheel import cached_runtime_wheel
+
+    return cached_runtime_wheel(CACHE_DIR / "wheels", source)
 
 
 # --------------------------------------------------------------------------- drafter sync
@@ -160,9 +133,11 @@ class SyncResult:
         return self.__dict__.copy()
 
 
-def remote_drafter_state(conn: Connection, host: HostConfig) -> tuple[set[str], dict[str, str]]:
-    """(complete drafter digests on the host, sha256 -> path of a verified file there)."""
-    base = host.install_root / "shared" / "drafters"
+def remote_drafter_state(conn: Connection, host: HostConfig, base: PurePosixPath | None = None
+                         ) -> tuple[set[str], dict[str, str]]:
+    """(complete drafter digests on the host, sha256 -> path of a verified file there).
+    `base`: another content-addressed tree of the same layout (the wheelhouses)."""
+    base = base or host.install_root / "shared" / "drafters"
     res = conn.run(f"for m in {base}/*/manifest.json; do [ -f \"$m\" ] && echo \"$m\" && cat \"$m\"; done; true",
                    check=False)
     digests: set[str] = set()
@@ -222,10 +197,10 @@ for rel in sys.stdin.read().split("\\0"):
 
 
 def verify_drafter_on_host(conn: Connection, host: HostConfig, source: Path, manifest: DrafterManifest, *,
-                           full: bool = False) -> list[str]:
+                           full: bool = False, base: PurePosixPath | None = None) -> list[str]:
     """Files of the host's copy of `manifest` whose content does not match: missing, another
     size, other sampled bytes, or (full=True) another sha256 of the whole file."""
-    final = host.install_root / "shared" / "drafters" / manifest.digest
+    final = (base or host.install_root / "shared" / "drafters") / manifest.digest
     rels = sorted(manifest.files)
     if full:
         sums = "".join(f"{manifest.files[r]['sha256']}  {r}\n" for r in rels)
@@ -239,14 +214,14 @@ def verify_drafter_on_host(conn: Connection, host: HostConfig, source: Path, man
 
 
 def plan_drafter(conn: Connection, host: HostConfig, manifest: DrafterManifest,
-                 state: tuple[set[str], dict[str, str]] | None = None, *, source: Path | None = None,
-                 full_verify: bool = False) -> dict:
-    """What a sync would do, without doing it. A drafter already on the host is checked by
+                 state: tuple[set[str], dict[str, str]] | None = None, base: PurePosixPath | None = None, *,
+                 source: Path | None = None, full_verify: bool = False) -> dict:
+    """What a sync would do, without doing it. A tree already on the host is checked by
     content (sizes and sampled hashes; every byte with full_verify): files that differ are
     re-sent ("repair")."""
-    digests, by_sha = state or remote_drafter_state(conn, host)
+    digests, by_sha = state or remote_drafter_state(conn, host, base)
     if manifest.digest in digests:
-        bad = verify_drafter_on_host(conn, host, source, manifest, full=full_verify) if source else []
+        bad = verify_drafter_on_host(conn, host, source, manifest, full=full_verify, base=base) if source else []
         if bad:
             return {"present": False, "repair": bad, "send": bad, "link": [],
                     "bytes_to_send": sum(manifest.files[r]["size"] for r in bad)}
@@ -294,10 +269,11 @@ def _rsync(host: HostConfig, source: Path, rels: list[str], dest: Path) -> int:
 
 
 def _repair_drafter(conn: Connection, host: HostConfig, source: Path, manifest: DrafterManifest, bad: list[str],
-                    progress: Callable[[str], None] | None, t0: float) -> SyncResult:
+                    progress: Callable[[str], None] | None, t0: float,
+                    base: PurePosixPath | None = None) -> SyncResult:
     """Re-send the files of a drafter on the host whose content is wrong, into a side directory,
     verify them, then rename each over the bad one (the drafter directory stays in place)."""
-    base = host.install_root / "shared" / "drafters"
+    base = base or host.install_root / "shared" / "drafters"
     final = base / manifest.digest
     repair = base / f".repair-{manifest.digest}"
     if progress:
@@ -318,18 +294,21 @@ def _repair_drafter(conn: Connection, host: HostConfig, source: Path, manifest: 
 
 
 def sync_drafter(conn: Connection, host: HostConfig, source: Path, manifest: DrafterManifest,
-                 progress: Callable[[str], None] | None = None, *, full_verify: bool = False) -> SyncResult:
+                 progress: Callable[[str], None] | None = None, *, base: PurePosixPath | None = None,
+                 what: str = "drafter", full_verify: bool = False) -> SyncResult:
+    """Content sync of `manifest`'s files from `source` to `<base>/<digest>` (default: the
+    drafters); `what` names the tree in messages (the wheelhouse uses the same sync)."""
     t0 = time.monotonic()
-    base = host.install_root / "shared" / "drafters"
+    base = base or host.install_root / "shared" / "drafters"
     final = base / manifest.digest
     incoming = base / f".incoming-{manifest.digest}"
-    state = remote_drafter_state(conn, host)
+    state = remote_drafter_state(conn, host, base)
     by_sha = state[1]
-    plan = plan_drafter(conn, host, manifest, state, source=source, full_verify=full_verify)
+    plan = plan_drafter(conn, host, manifest, state, base, source=source, full_verify=full_verify)
     if plan["present"]:
         return SyncResult(manifest.digest, manifest.total_bytes, 0, 0, 0, True, time.monotonic() - t0)
     if plan.get("repair"):
-        return _repair_drafter(conn, host, source, manifest, plan["repair"], progress, t0)
+        return _repair_drafter(conn, host, source, manifest, plan["repair"], progress, t0, base)
     conn.run(f"mkdir -p {shlex.quote(str(incoming))}")
     links = []
     for rel in plan["link"]:
@@ -341,7 +320,7 @@ def sync_drafter(conn: Connection, host: HostConfig, source: Path, manifest: Dra
     bytes_sent = 0
     if plan["send"]:
         if progress:
-            progress(f"sending {len(plan['send'])} drafter file(s), {plan['bytes_to_send'] / 2**20:.1f} MiB")
+            progress(f"sending {len(plan['send'])} {what} file(s), {plan['bytes_to_send'] / 2**20:.1f} MiB")
         bytes_sent = _rsync(host, source, plan["send"], incoming)
     # verify every checksum before the directory gets its final name
     sums = "".join(f"{meta['sha256']}  {rel}\n" for rel, meta in manifest.files.items())
@@ -354,7 +333,7 @@ def sync_drafter(conn: Connection, host: HostConfig, source: Path, manifest: Dra
         bad = (check.stdout + check.stderr).strip().splitlines()[:3]
         conn.run(f"cd {shlex.quote(str(incoming))} && sha256sum -c - 2>/dev/null | grep -v ': OK$' | cut -d: -f1 | xargs -r rm -f --",
                  stdin=sums, check=False)
-        raise HostError(f"drafter checksum mismatch on {host.name}: {'; '.join(bad)}",
+        raise HostError(f"{what} checksum mismatch on {host.name}: {'; '.join(bad)}",
                         "the bad files were removed; run the deploy again to resend them")
     conn.run(f"cat > {shlex.quote(str(incoming / 'manifest.json'))} "
              f"&& mv -T {shlex.quote(str(incoming))} {shlex.quote(str(final))}", stdin=manifest.to_json())

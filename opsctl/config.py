@@ -134,6 +134,10 @@ class RuntimeFacts(_Strict):
     sglang_version: str = "0.5.23"
     wheelhouse: Path = Field(description="controller directory of wheels for the base environment (offline install)")
     base_requirements: tuple[str, ...] = ("sglang==0.5.23",)
+    python_version: str = Field("3.11", pattern=r"^3\.\d{1,2}$",
+                                description="the host's CPython (MAJOR.MINOR) the wheelhouse is built for")
+    platform: str = Field("manylinux_2_34_x86_64", description="the host's platform tag the wheelhouse is built "
+                          "for (manylinux_2_34 = glibc >= 2.34)")
     runtime_wheel: Path | None = Field(None, description="prebuilt runtime wheel; default: build runtime/")
     runtime_source: Path | None = None
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from opsctl import __version__
+from opsctl import __version__, wheelhouse
 from opsctl.brake import BRAKE, Interrupted
 from opsctl.artifacts import (DrafterManifest, SyncResult, drafter_manifest, plan_drafter, runtime_wheel,
                               sha256_file, sync_drafter)
@@ -82,6 +82,7 @@ class Plan:
     changes: list[str] = field(default_factory=list)
     bytes_to_send: int = 0
     verify_weights: bool = False
+    base_env: dict | None = None  # the wheelhouse to ship and install from, when the host lacks the base env
 
     @property
     def previous(self) -> str | None:
@@ -112,7 +113,7 @@ class Plan:
                 "verify_width": self.profile.verify_width, "release": self.release,
                 "current": self.state.current, "release_exists": self.release_exists, "live": self.is_live,
                 "changes": self.changes, "unit_diff": self.unit_diff, "bytes_to_send": self.bytes_to_send,
-                "drafter": self.drafter_plan, "argv": self.rendered.argv}
+                "drafter": self.drafter_plan, "base_env": self.base_env, "argv": self.rendered.argv}
 
 
 def _sha(text: str) -> str:
@@ -166,16 +167,13 @@ def make_plan(conn: Connection, host: HostConfig, profile: Profile, *, verify_we
     changes: list[str] = []
     send = 0
     if not env_ready:
-        wh = host.runtime.wheelhouse
-        if not wh.is_dir() or not any(wh.glob("*.whl")):
-            raise ConfigError(f"wheelhouse {wh} has no wheels, and {host.name} has no base environment "
-                              f"for SGLang {host.runtime.sglang_version} yet",
-                              "point opsctl.runtime.wheelhouse at a directory of wheels (pip download ...)"
-                              + ("; for the lab run 'opsctl lab up'" if "opsctl-lab" in str(wh) else ""))
-        wh_bytes = sum(p.stat().st_size for p in wh.iterdir() if p.is_file())
-        changes.append(f"create base environment sglang-{host.runtime.sglang_version} "
-                       f"from {len(list(wh.glob('*.whl')))} wheels ({wh_bytes / 2**20:.1f} MiB)")
-        send += wh_bytes
+        # the wheelhouse matches its lock and every wheel fits the host's Python and glibc, or nothing ships
+        plan.base_env = wheelhouse.plan_base_env(conn, host)
+        be = plan.base_env
+        changes.append(f"create base environment sglang-{host.runtime.sglang_version} from {be['packages']} "
+                       f"wheels ({be['bytes_total'] / 2**20:.1f} MiB; send {be['send']} file(s), "
+                       f"{be['bytes_to_send'] / 2**20:.1f} MiB, reuse {be['link']})")
+        send += be["bytes_to_send"]
     if plan.release_exists:
         if state.current == rid:
             changes.append(f"release {rid} is already live" + ("" if plan.is_live else
@@ -232,6 +230,13 @@ def _check_room(conn: Connection, host: HostConfig, bytes_to_send: int) -> None:
 def stage(conn: Connection, inv: Inventory, plan: Plan, steps: Steps) -> tuple[PlayResult, SyncResult | None]:
     host = plan.host
     sync = None
+    env_wheelhouse = ""
+    if plan.base_env is not None:
+        t0 = steps.start("wheelhouse", f"{plan.base_env['bytes_total'] / 2**20:.1f} MiB")
+        remote, wsync = wheelhouse.ship(conn, host, progress=steps.note)
+        env_wheelhouse = str(remote)
+        steps.done("wheelhouse", t0, f"{wsync.bytes_sent} bytes sent, {wsync.files_sent} file(s) sent, "
+                   f"{wsync.files_linked} reused", bytes_sent=wsync.bytes_sent)
     if plan.drafter is not None:
         t0 = steps.start("drafter", f"{plan.drafter.total_bytes / 2**20:.1f} MiB")
         sync = sync_drafter(conn, host, host.drafter.source, plan.drafter, progress=steps.note,
@@ -251,7 +256,7 @@ def stage(conn: Connection, inv: Inventory, plan: Plan, steps: Steps) -> tuple[P
             "opsctl_root": str(host.install_root), "opsctl_release_id": plan.release,
             "opsctl_stage_local": str(stage_dir), "opsctl_env_dir": str(env_python(host).parent.parent),
             "opsctl_sglang_version": host.runtime.sglang_version,
-            "opsctl_wheelhouse": str(host.runtime.wheelhouse), "opsctl_base_requirements": list(host.runtime.base_requirements),
+            "opsctl_wheelhouse_dir": env_wheelhouse, "opsctl_base_requirements": list(host.runtime.base_requirements),
             "opsctl_host_python": str(host.host_python), "opsctl_service_user": s.service_user or "",
             "opsctl_runtime_wheel": str(plan.runtime_wheel) if plan.runtime_wheel else "",
             "opsctl_drafter_digest": plan.drafter.digest if plan.drafter else "",

@@ -109,7 +109,15 @@ def _write_if_changed(path: Path, data: bytes) -> bool:
 
 
 def ensure(wheelhouse: Path = C.WHEELHOUSE, drafter_dir: Path = C.DRAFTER_DIR) -> list[str]:
-    """(Re)build what is missing or stale; returns what was written."""
+    """(Re)build what is missing or stale; returns what was written.
+
+    The wheelhouse goes through the production path: the emulator wheel and the runtime
+    wheel join it without dependencies and opsctl.wheelhouse writes its pylock.toml, so a
+    lab deploy verifies, checks the host's Python/glibc and ships it like the site's."""
+    from opsctl import wheelhouse as wh
+    from opsctl.artifacts import CACHE_DIR
+    from opsctl.buildwheel import cached_runtime_wheel
+
     built = []
     wheelhouse.mkdir(parents=True, exist_ok=True)
     for stale in wheelhouse.glob("sglang-*.whl"):
@@ -117,6 +125,11 @@ def ensure(wheelhouse: Path = C.WHEELHOUSE, drafter_dir: Path = C.DRAFTER_DIR) -
             stale.unlink()
     if _write_if_changed(wheelhouse / WHEEL_NAME, build_wheel_bytes()):
         built.append(str(wheelhouse / WHEEL_NAME))
+    runtime = cached_runtime_wheel(CACHE_DIR / "wheels")
+    before = (wheelhouse / wh.LOCK_NAME).read_bytes() if (wheelhouse / wh.LOCK_NAME).is_file() else b""
+    wh.build(wheelhouse, [], wh.Target(C.LAB_PYTHON, C.LAB_PLATFORM), add=[wheelhouse / WHEEL_NAME, runtime])
+    if (wheelhouse / wh.LOCK_NAME).read_bytes() != before:
+        built.append(str(wheelhouse / wh.LOCK_NAME))
     for name, data in drafter_files().items():
         if _write_if_changed(drafter_dir / name, data):
             built.append(str(drafter_dir / name))

@@ -38,6 +38,10 @@ GUEST_NVIDIA_SMI = "/usr/local/bin/nvidia-smi"
 GUEST_NVCC = "/usr/local/cuda/bin/nvcc"
 SERVICE_PORT = 30000
 
+# the guest is an overlay of this machine's / (Debian 12: CPython 3.11, glibc 2.36); inventories/lab says the same
+LAB_PYTHON = "3.11"
+LAB_PLATFORM = "manylinux_2_36_x86_64"
+
 EMULATOR_DIST = "sglang"
 EMULATOR_VERSION = "0.5.23+lab"
 

@@ -52,7 +52,12 @@ def test_wheel_is_deterministic_and_named_for_pip(tmp_path):
     a, b = artifacts.build_wheel_bytes(), artifacts.build_wheel_bytes()
     assert a == b
     built = artifacts.ensure(tmp_path / "wh", tmp_path / "drafter")
-    assert len(built) == 3 and artifacts.ensure(tmp_path / "wh", tmp_path / "drafter") == []
+    # emulator wheel, pylock.toml (emulator + runtime wheel, no deps), config.json, model.safetensors
+    assert len(built) == 4 and artifacts.ensure(tmp_path / "wh", tmp_path / "drafter") == []
+    from opsctl import wheelhouse
+
+    assert {e.name for e in wheelhouse.read_lock(tmp_path / "wh").entries} == {"sglang", "sglang-ddtree"}
+    assert wheelhouse.verify(tmp_path / "wh").ok
     whl = tmp_path / "wh" / "sglang-0.5.23+lab-py3-none-any.whl"
     names = zipfile.ZipFile(whl).namelist()
     assert "sglang/launch_server.py" in names and "sglang/lab/flags_table.json" in names
