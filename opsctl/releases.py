@@ -86,10 +86,14 @@ class HostState:
     def last_good(self, exclude: str | None = None) -> str | None:
         """The newest release that was promoted (passed its gates) or put back by a
         rollback, other than `exclude`, that still exists on the host."""
+        rejected: set[str] = set()  # rolled back from by the host-side watch after it was promoted
         for rec in reversed(self.ledger):
             rel = rec.get("to_release")
+            if rec.get("action") == "rollback" and rec.get("result") == "ok" and rec.get("watch") \
+                    and rec.get("from_release"):
+                rejected.add(rec["from_release"])
             if rec.get("action") in ("promote", "rollback") and rec.get("result") == "ok" and rel \
-                    and rel != exclude and rel in self.releases:
+                    and rel != exclude and rel in self.releases and rel not in rejected:
                 return rel
         return None
 
