@@ -17,14 +17,9 @@ from opsctl.lab import constants as C
 
 
 def _who() -> str:
-    import getpass
-    import socket
+    from opsctl.releases import who
 
-    try:
-        user = getpass.getuser()
-    except Exception:  # noqa: BLE001 - no passwd entry in some containers
-        user = str(os.getuid())
-    return f"{user}@{socket.gethostname()}"
+    return who()
 
 
 def read_holder() -> dict | None:
