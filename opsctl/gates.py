@@ -43,7 +43,8 @@ class GatePolicy(BaseModel):
     # --- the smoke bench
     concurrency: list[int] = Field(default_factory=lambda: [1, 4, 16])
     input_len: int = Field(128, ge=1)
-    output_len: int = Field(128, ge=1)
+    output_len: int = Field(128, ge=1, description="output tokens per request at most (a dataset request's own "
+                                                   "answer length when shorter)")
     requests_per_level: int = Field(16, ge=1, description="at least C requests run per level")
     repeats: int = Field(3, ge=1, le=20, description="repeats per level; medians are compared")
     warmup: int = Field(4, ge=0)

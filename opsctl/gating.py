@@ -444,7 +444,8 @@ def bench_and_judge(conn: Connection, host: HostConfig, profile: Profile, releas
     steps.progress({"event": "verdict", "host": host.name, "status": verdict.status, "reasons": verdict.reasons,
                     "rows": [_row(r) for r in verdict.rows]})
     rec = _verdict_record(conn, host, release, profile, verdict.status, verdict.reasons, verdict.notes,
-                          rows=[r.model_dump(mode="json") for r in verdict.rows], canary=verdict.canary)
+                          rows=[r.model_dump(mode="json") for r in verdict.rows], canary=verdict.canary,
+                          attempts=verdict.attempts)
     if verdict.ok:
         from opsctl.gates import verdict_summary
 

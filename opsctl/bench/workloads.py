@@ -41,9 +41,11 @@ class Request:
     max_tokens: int | None = None  # from the dataset where it has one
     input_ids: tuple = ()          # random workload only
 
-    def payload(self, default_max_tokens: int) -> dict[str, Any]:
-        out: dict[str, Any] = {"workload": self.workload,
-                               "max_tokens": int(self.max_tokens or default_max_tokens)}
+    def payload(self, output_len: int) -> dict[str, Any]:
+        """The request as sent: the dataset's own answer length, capped at the gate's
+        output_len (a short smoke bench stays short on long answers)."""
+        n = min(int(self.max_tokens), int(output_len)) if self.max_tokens else int(output_len)
+        out: dict[str, Any] = {"workload": self.workload, "max_tokens": n}
         if self.input_ids:
             out["input_ids"] = list(self.input_ids)
         else:

@@ -120,7 +120,7 @@ def test_missing_current_link_a_failed_deploy_goes_back_to_the_last_good(truth_l
     assert f"rolled back to {truth_lab.baseline}" in p.stderr
     back_on_baseline(truth_lab)
     rec = ledger(truth_lab)[-1]
-    assert rec["action"] == "rollback" and rec["to_release"] == truth_lab.baseline and rec["result"] == "ok"
+    assert rec["action"] == "rollback" and rec["to_release"] == truth_lab.baseline and rec["result"] == "ok", rec
 
 
 # 2. + kill -9 after the switch: the guard reverts; re-running judges, never "unchanged"

@@ -62,6 +62,9 @@ def test_openai_request_log_and_plain_prompts(tmp_path):
                    + "\n" + json.dumps({"messages": [{"role": "user", "content": "and you?"}]}) + "\n")
     reqs = load_file(log, "file:x")
     assert [r.max_tokens for r in reqs] == [64, None] and len(reqs[0].messages) == 2
+    # the gate's output_len caps a request's own answer length; a request without one gets it
+    assert [r.payload(32)["max_tokens"] for r in reqs] == [32, 32]
+    assert [r.payload(128)["max_tokens"] for r in reqs] == [64, 128]
     plain = tmp_path / "prompts.txt"
     plain.write_text("first prompt\n\nsecond prompt\n")
     assert [dict(r.messages[0])["content"] for r in load_file(plain, "file:y")] == ["first prompt", "second prompt"]
