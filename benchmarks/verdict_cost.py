@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     from opsctl import confidence as cf
     from opsctl import lab
     from opsctl.config import load_inventory
-    from opsctl.gating import load_baseline, measure
+    from opsctl.flow.bench import load_baseline, measure
     from opsctl.hosts import connect
     from opsctl.lab import constants as C
     from opsctl.lab import holder

@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from opsctl import deploy as core  # noqa: E402
+from opsctl.flow import deploy as core  # noqa: E402
 from opsctl import watch  # noqa: E402
 from opsctl.config import load_inventory  # noqa: E402
 from opsctl.lab import constants as C  # noqa: E402

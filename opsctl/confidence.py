@@ -11,7 +11,7 @@ reproducible). A level is decided only when the interval clears the threshold:
     otherwise, or fewer than `min_requests` samples on a side        -> inconclusive
 
 Pure functions on plain data; the gate (opsctl/gates.py) and the measuring loop
-(opsctl/gating.py) use them.
+(opsctl/flow/bench.py, opsctl/gates.py) use them.
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from opsctl.config import HostConfig
+from opsctl.config import HostConfig, Profile
 from opsctl.errors import HostError, LockHeldError
 from opsctl.hosts import Connection, SSHConnection
 
@@ -261,3 +261,14 @@ class HostLock:
             except Exception:  # noqa: BLE001 - the lock dies with the channel anyway
                 pass
             self._channel = None
+
+
+def release_profile(info: ReleaseInfo | None, host: HostConfig) -> Profile:
+    """The profile a release was built from (its manifest), else the inventory's."""
+    if info is None:
+        return host.profile(host.baseline_profile)
+    data = info.manifest.get("profile", {})
+    try:
+        return Profile(**data)
+    except Exception:  # noqa: BLE001 - an older manifest: fall back to the inventory's profile
+        return host.profile(info.profile, info.budget)

@@ -3,7 +3,7 @@ none does, on the host's own traffic, and leave the host as it was.
 
 Each budget is deployed as a **trial** (the normal plan/stage/switch/ready/validate path, the
 guard armed), benchmarked over the concurrency sweep on the gate's workload mix against the
-stored baseline (opsctl/gating.measure: rounds until each level's speedup interval is
+stored baseline (opsctl/flow/bench.measure: rounds until each level's speedup interval is
 decided, or the cap), then the next one. Trials are marked `trial` in the ledger and never
 become "last good". Afterwards — always: after a trial that fails to start or validate,
 an error, or Ctrl-C — the release that served before is restored.
@@ -166,13 +166,16 @@ def _level_results(run, baseline, levels: list[int], confidence: float) -> dict[
 def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None, workload: str | None = None,
          limit: str | None = None, profile_name: str = "ddtree", progress: Callable[[dict], None] | None = None,
          report_dir: Path | None = None) -> TuneResult:
-    from opsctl import gating
     from opsctl.bench.workloads import WorkloadSet, parse_mix
     from opsctl.config import Inventory, load_inventory
-    from opsctl.deploy import Steps, _deploy_one, _noop, _roll_back_after_failure, disarm_guard, fallback_release
-    from opsctl.deploy import switch, wait_ready, _release_profile
+    from opsctl.flow.bench import load_baseline, measure, require_baseline
+    from opsctl.flow.deploy import deploy_one
+    from opsctl.flow.promote import fallback_release
+    from opsctl.flow.ready import wait_ready
+    from opsctl.flow.steps import Steps, noop
+    from opsctl.flow.switch import disarm_guard, switch
     from opsctl.hosts import connect
-    from opsctl.releases import HostLock, append_ledger, read_state
+    from opsctl.releases import HostLock, append_ledger, read_state, release_profile
 
     inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
     host = inv.single(limit)
@@ -185,14 +188,14 @@ def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None,
     policy = policy.model_copy(update=update)
     profiles = {b: host.profile(profile_name, b) for b in budgets}  # bad budgets before any host I/O
     WorkloadSet.load(policy.workloads)
-    emit = progress or _noop
+    emit = progress or noop
     steps = Steps(progress, host.name)
     levels = list(policy.concurrency)
 
     conn = connect(host)
     try:
-        gating.require_baseline(conn, host, policy)
-        baseline = gating.load_baseline(conn, host, policy)
+        require_baseline(conn, host, policy)
+        baseline = load_baseline(conn, host, policy)
         state = read_state(conn, host)
         restore = state.current if state.current and state.judged(state.current) else \
             fallback_release(state, host, exclude=None)
@@ -217,7 +220,7 @@ def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None,
                 def bench(conn, host_, plan, steps_, b=b, timing=timing):
                     tb = time.monotonic()
                     t0 = steps_.start("bench", f"trial budget {b}: levels {','.join(map(str, levels))}")
-                    run = gating.measure(conn, host_, policy, baseline=baseline,
+                    run = measure(conn, host_, policy, baseline=baseline,
                                          meta={"release": plan.release, "profile": plan.profile.label, "trial": True})
                     res = _level_results(run, baseline, levels, policy.confidence)
                     steps_.done("bench", t0, ", ".join(f"C={c}: {r.tok_s:.1f} tok/s" for c, r in res.items()))
@@ -226,7 +229,7 @@ def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None,
 
                 t_trial = time.monotonic()
                 try:
-                    out = _deploy_one(inv, host, profiles[b], dry_run=False, gates=True, pre_checks=False,
+                    out = deploy_one(inv, host, profiles[b], dry_run=False, gates=True, pre_checks=False,
                                       progress=progress, confirm=None, trial=bench)
                     trials.append(TrialResult(b, out.release, "measured", out.details["trial"]["levels"],
                                               time.monotonic() - t_trial - timing["bench_s"], timing["bench_s"]))
@@ -248,7 +251,7 @@ def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None,
                         if now.current != restore or now.service.get("ActiveState") != "active":
                             t0 = steps.start("restore", f"{now.current or 'none'} -> {restore}")
                             since = switch(conn, host, restore)
-                            wait_ready(conn, host, _release_profile(now.releases.get(restore), host), since, steps)
+                            wait_ready(conn, host, release_profile(now.releases.get(restore), host), since, steps)
                             steps.done("restore", t0, f"{restore} serves again")
                         append_ledger(conn, host, {"action": "tune", "result": "interrupted" if interrupted else "ok",
                                                    "to_release": None, "restored": restore,

@@ -217,12 +217,7 @@ def register(app: typer.Typer) -> None:
             if canary_file is not None or canary_prompts:
                 raise ConfigError("--canary/--canary-file apply with --url; with --inventory the deploy runs the "
                                   "canary against the host's stored baseline")
-            try:
-                from opsctl.deploy import bench_live
-            except ImportError:
-                raise ConfigError("benchmarking an inventory host needs opsctl.deploy.bench_live, which this build "
-                                  "lacks", "bench the server directly: opsctl bench --url http://127.0.0.1:30000 "
-                                  "(through an SSH tunnel)") from None
+            from opsctl.flow.bench import bench_live
             overrides = {k: v for k, v in {"concurrency": levels, "input_len": input_len, "output_len": output_len,
                                            "requests_per_level": requests_per_level, "repeats": repeats,
                                            "warmup": warmup, "seed": seed}.items() if v is not None}
@@ -336,7 +331,7 @@ def register(app: typer.Typer) -> None:
             run = read_jsonl(Path(run_file))
             base = read_jsonl(baseline) if baseline is not None else None
         else:
-            from opsctl.deploy import release_bench
+            from opsctl.flow.inspect import release_bench
 
             run, host_base, host_policy = release_bench(_common.inventory(inventory), run_file, limit=limit)
             base = read_jsonl(baseline) if baseline is not None else host_base

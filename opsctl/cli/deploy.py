@@ -8,7 +8,9 @@ from typing import Optional
 import typer
 
 from opsctl.cli import _common, _output
-from opsctl import deploy as core
+from opsctl.flow import deploy as core
+from opsctl.flow.inspect import history, status
+from opsctl.flow.promote import rollback
 from opsctl.errors import ConfigError
 
 
@@ -154,7 +156,7 @@ def register(app: typer.Typer) -> None:
           opsctl rollback --to baseline -i inventories/lab
         """
         _output.set_json(json_out)
-        recs = core.rollback(_common.inventory(inventory), to, limit=limit, reason=reason,
+        recs = rollback(_common.inventory(inventory), to, limit=limit, reason=reason,
                              progress=_StepPrinter(json_out))
         if json_out:
             _output.emit_json({"ok": True, "rollbacks": recs})
@@ -171,7 +173,7 @@ def register(app: typer.Typer) -> None:
         Example: opsctl status -i inventories/lab
         """
         _output.set_json(json_out)
-        rows = core.status(_common.inventory(inventory), limit=limit)
+        rows = status(_common.inventory(inventory), limit=limit)
         if json_out:
             _output.emit_json(rows)
             return
@@ -212,7 +214,7 @@ def register(app: typer.Typer) -> None:
         """
         _output.set_json(json_out)
         problems: list[str] = []
-        recs = core.history(_common.inventory(inventory), limit=limit, last=last, problems=problems)
+        recs = history(_common.inventory(inventory), limit=limit, last=last, problems=problems)
         for p in problems:
             _output.error(p)
         if json_out:

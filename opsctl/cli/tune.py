@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
         limit: Optional[str] = _common.LimitOpt,
         json_out: bool = _common.JsonOpt,
     ) -> None:
-        from opsctl import deploy as deploy_core
+        from opsctl.flow import deploy as deploy_core
         from opsctl import tune as core
         from opsctl.cli.deploy import _StepPrinter
 

@@ -67,12 +67,8 @@ def _offline(from_file: Path, profile_name: Optional[str], budget: Optional[int]
 
 def _live(inventory: Optional[Path], limit: Optional[str], json_out: bool) -> None:
     # --- live mode: the deploy module reads the journal of the live release ------------------
-    try:
-        from opsctl.deploy import validate_live
-    except ImportError:
-        raise ConfigError("live validation needs the deploy module (opsctl.deploy.validate_live), "
-                          "which this build lacks",
-                          "validate a saved journal instead: opsctl validate --from-file LOG --profile P") from None
+    from opsctl.flow.validate import validate_live
+
     findings = validate_live(inventory or Path("inventories/lab"), limit)
     _finish(list(findings), "live release", json_out)
 

@@ -49,7 +49,7 @@ def wait_ok(inv, group: str = "all", timeout: float = 90) -> CheckReport:
 
 @pytest.fixture(scope="module")
 def inv(lab_host):
-    from opsctl.deploy import deploy
+    from opsctl.flow.deploy import deploy
 
     t0 = time.monotonic()
     lab_host.clear_faults()
@@ -180,7 +180,7 @@ def test_too_little_disk(lab, inv):
 
 
 def test_failing_pre_check_blocks_deploy_and_changes_nothing(lab, inv):
-    from opsctl.deploy import deploy
+    from opsctl.flow.deploy import deploy
     from opsctl.errors import CheckFailed
     from opsctl.releases import read_state
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from opsctl import deploy
+from opsctl.flow import deploy
 from opsctl.config import load_inventory
 from opsctl.errors import ConfigError, DeployFailed
 
@@ -35,7 +35,7 @@ def test_hosts_go_one_by_one_and_the_first_failure_stops_the_run(fleet, monkeypa
             raise DeployFailed("gpu2: gate failed: slower than the baseline; rolled back", "see the verdict")
         return deploy.DeployOutcome(host.name, "r", "promoted", {})
 
-    monkeypatch.setattr(deploy, "_deploy_one", fake_deploy_one)
+    monkeypatch.setattr(deploy, "deploy_one", fake_deploy_one)
     with pytest.raises(DeployFailed):
         deploy.deploy(fleet, "ddtree", 16)
     assert visited == ["gpu1", "gpu2"]
@@ -50,7 +50,7 @@ def test_bad_budget_is_rejected_before_any_host_is_contacted(fleet, monkeypatch)
     def must_not_run(*a, **kw):
         raise AssertionError("a host was contacted")
 
-    monkeypatch.setattr(deploy, "_deploy_one", must_not_run)
+    monkeypatch.setattr(deploy, "deploy_one", must_not_run)
     monkeypatch.setattr(deploy, "connect", must_not_run)
     with pytest.raises(ConfigError):
         deploy.deploy(fleet, "ddtree", 0)

@@ -106,7 +106,7 @@ def test_empty_file_is_a_config_error(run, tmp_path):
 
 
 def test_live_mode_calls_deploy_validate_live(run, monkeypatch):
-    import opsctl.deploy as deploy
+    import opsctl.flow.validate as flow_validate
     from opsctl.findings import Finding
 
     calls = []
@@ -114,18 +114,10 @@ def test_live_mode_calls_deploy_validate_live(run, monkeypatch):
     def fake_validate_live(inventory_dir, limit):
         calls.append((inventory_dir, limit))
         return [Finding(check="capture.verify_width", ok=True, diagnosis="fine")]
-    monkeypatch.setattr(deploy, "validate_live", fake_validate_live, raising=False)
+    monkeypatch.setattr(flow_validate, "validate_live", fake_validate_live, raising=False)
     code, out, exc = run("--inventory", "inventories/lab", "--limit", "lab", "--json")
     assert code == 0, exc
     assert calls == [(Path("inventories/lab"), "lab")] and json.loads(out)["ok"] is True
-
-
-def test_live_mode_without_deploy_support_is_a_config_error(run, monkeypatch):
-    import opsctl.deploy as deploy
-
-    monkeypatch.delattr(deploy, "validate_live", raising=False)
-    code, _, exc = run("--inventory", "inventories/lab")
-    assert code == 2 and "needs the deploy module" in exc.problem
 
 
 def test_installed_command_end_to_end():

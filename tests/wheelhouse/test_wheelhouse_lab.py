@@ -8,7 +8,9 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from opsctl import deploy, wheelhouse as wh
+from opsctl import wheelhouse as wh
+from opsctl.flow import deploy as flow
+from opsctl.config import load_inventory
 from opsctl.errors import ConfigError
 from opsctl.hosts import SSHConnection
 
@@ -118,7 +120,7 @@ def test_host_with_too_old_glibc_is_refused_before_anything_is_shipped(lab_host,
     """Through the deploy itself: a fresh host (no base env) whose glibc says 2.12 while
     MarkupSafe's wheel needs 2.17. The refusal names both; nothing on the host changes."""
     host = _host(lab_host, small_set[0], requirements=("six==1.16.0", "markupsafe==2.1.5"))
-    inv = deploy.load_inventory(lab_host.inventory_dir)
+    inv = load_inventory(lab_host.inventory_dir)
     inv = inv.model_copy(update={"hosts": {"lab": host}})
     recorders = []
 
@@ -130,7 +132,7 @@ def test_host_with_too_old_glibc_is_refused_before_anything_is_shipped(lab_host,
     before = lab_host.run(f"ls -la {ROOT} 2>&1; ls /opt/opsctl/shared 2>&1").stdout
     monkeypatch.setattr(deploy, "connect", connect)
     with pytest.raises(ConfigError) as exc:
-        deploy.deploy(inv, "ar-tp8", pre_checks=False, gates=False)
+        flow.deploy(inv, "ar-tp8", pre_checks=False, gates=False)
     msg = exc.value.one_line()
     assert "glibc 2.12" in msg and "glibc >= 2.17" in msg and "MarkupSafe-2.1.5" in msg, msg
     assert "nothing was shipped" in msg and "--platform manylinux_2_12_x86_64" in msg

@@ -1,0 +1,90 @@
+"""inspect: `opsctl status`, `opsctl history`, and a release's stored bench for `opsctl report`."""
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from opsctl import watch
+from opsctl.config import Inventory
+from opsctl.errors import ConfigError
+from opsctl.flow.bench import has_baseline, load_baseline, run_from_text
+from opsctl.flow.steps import as_inventory
+from opsctl.hosts import connect
+from opsctl.releases import read_state
+
+# --------------------------------------------------------------------------- status / history
+
+
+def status(inventory: str | Path | Inventory, *, limit: str | None = None) -> list[dict]:
+    inv = as_inventory(inventory)
+    out = []
+    for host in inv.select(limit):
+        conn = connect(host)
+        try:
+            state = read_state(conn, host)
+            watch_state = watch.brief(conn, host)
+        finally:
+            conn.close()
+        cur = state.current_release
+        verdict = state.verdict_for(state.current)  # the live release's own verdict, never another's
+        unfinished = state.interrupted_deploy()
+        out.append({
+            "host": host.name, "release": state.current, "profile": cur.profile if cur else None,
+            "budget": cur.budget if cur else None, "verify_width": cur.manifest.get("verify_width") if cur else None,
+            "service": state.service.get("ActiveState"), "sub_state": state.service.get("SubState"),
+            "since": state.service.get("ActiveEnterTimestamp"), "restarts": state.service.get("NRestarts"),
+            "judged": state.judged(state.current) if state.current else None,
+            "last_verdict": ({"status": verdict.get("status"), "ts": verdict.get("ts"), "release": verdict.get("release")}
+                             if verdict else None),
+            "deploy_in_progress_or_interrupted": unfinished is not None,
+            "unfinished_deploy": ({k: unfinished.get(k) for k in ("ts", "result", "step", "switched", "to_release",
+                                                                  "from_release", "signal", "who")}
+                                  if unfinished else None),
+            "last_good": state.last_good(),
+            "ledger_problems": state.ledger_errors,
+            "releases": sorted(state.releases), "baseline": state.baseline(host.baseline_profile),
+            "watch": watch_state,
+        })
+    return out
+
+
+def history(inventory: str | Path | Inventory, *, limit: str | None = None, last: int | None = None,
+            problems: list[str] | None = None) -> list[dict]:
+    """The ledger records of each selected host (the last N of each); lines that are not
+    records are skipped and, when `problems` is given, reported there with their line."""
+    if last is not None and last < 1:
+        raise ConfigError(f"--last {last}: the number of records must be at least 1", "e.g. --last 10, or leave it out for all")
+    inv = as_inventory(inventory)
+    out = []
+    for host in inv.select(limit):
+        conn = connect(host)
+        try:
+            state = read_state(conn, host)
+        finally:
+            conn.close()
+        recs = state.ledger[-last:] if last else state.ledger
+        out.extend(recs)
+        if problems is not None:
+            problems.extend(f"{host.name}: ledger {p} (skipped)" for p in state.ledger_errors)
+    return out
+
+
+
+
+def release_bench(inventory: str | Path | Inventory, release: str, *, limit: str | None = None):
+    """(the release's stored bench run, the host's baseline run, the host's gate policy) for
+    `opsctl report RELEASE`."""
+
+    inv = as_inventory(inventory)
+    host = inv.single(limit)
+    conn = connect(host)
+    try:
+        res = conn.run(f"cat {host.install_root}/releases/{shlex.quote(release)}/bench.jsonl", check=False)
+        if not res.ok:
+            raise ConfigError(f"no bench results for release {release!r} on {host.name}",
+                              "pass a results file, or a release id from 'opsctl history' that was benchmarked")
+        run = run_from_text(res.stdout, source=f"{host.name}:{release}/bench.jsonl")
+        base = load_baseline(conn, host) if has_baseline(conn, host) else None
+    finally:
+        conn.close()
+    return run, base, host.gate_policy()

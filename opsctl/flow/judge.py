@@ -1,0 +1,96 @@
+"""judge: bench the new release and decide against the stored baseline (opsctl/gates.py
+holds the pure decision); the verdict goes to the ledger."""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from opsctl.config import HostConfig, Profile
+from opsctl.flow.bench import (
+    baseline_paths,
+    check_baseline_mix,
+    has_baseline,
+    load_baseline,
+    measure,
+    run_summary,
+    save_baseline,
+    summary_line,
+)
+from opsctl.flow.steps import GateOutcome, Steps
+from opsctl.gates import judge_with_remeasure, verdict_summary
+from opsctl.hosts import Connection
+from opsctl.releases import append_ledger
+
+
+def bench_and_judge(conn: Connection, host: HostConfig, profile: Profile, release: str, steps: Steps) -> GateOutcome:
+    """Bench the new release on the host and judge it against the stored baseline.
+    A baseline profile benched on a host with no baseline becomes that baseline."""
+    policy = host.gate_policy()
+    t0 = steps.start("bench", f"levels {','.join(map(str, policy.concurrency))}, {policy.repeats} repeat(s)")
+    meta = {"release": release, "profile": profile.label, "kind": profile.kind}
+    is_baseline_kind = profile.kind == "autoregressive"
+    if is_baseline_kind and profile.name == host.baseline_profile and not has_baseline(conn, host, policy):
+        run = measure(conn, host, policy, make_canary=True, meta=meta)
+        path = save_baseline(conn, host, profile.name, run, policy)
+        store_release_bench(conn, host, release, run)
+        steps.done("bench", t0, f"no baseline yet: stored this run as the {profile.name} baseline ({path})")
+        rec = _verdict_record(conn, host, release, profile, "pass", [], [f"stored as the baseline ({path})"],
+                              run_summary=run_summary(run))
+        return GateOutcome(True, "", rec)
+    _, canary_path = baseline_paths(host, host.baseline_profile, policy)
+    baseline = load_baseline(conn, host, policy)
+    check_baseline_mix(baseline.meta, policy, host)
+    if is_baseline_kind:
+        # a baseline-kind release is held to "no regression", not to a speedup
+        policy = policy.model_copy(update={"min_speedup": -policy.max_regression})
+    first = measure(conn, host, policy, canary_file=canary_path, meta=meta, baseline=baseline)
+    steps.done("bench", t0, summary_line(first))
+    t1 = steps.start("judge", f"against the {host.baseline_profile} baseline")
+    verdict, run = judge_with_remeasure(
+        lambda: measure(conn, host, policy, canary_file=canary_path, meta=meta, baseline=baseline), baseline, policy,
+        profile_kind=profile.kind, canary_mismatch=first.canary.mismatch if first.canary else None,
+        canary_ran=bool(first.canary and first.canary.compared), first=first)
+    store_release_bench(conn, host, release, run)
+    steps.progress({"event": "verdict", "host": host.name, "status": verdict.status, "reasons": verdict.reasons,
+                    "rows": [_row(r) for r in verdict.rows]})
+    rec = _verdict_record(conn, host, release, profile, verdict.status, verdict.reasons, verdict.notes,
+                          rows=[r.model_dump(mode="json") for r in verdict.rows], canary=verdict.canary,
+                          attempts=verdict.attempts)
+    if verdict.ok:
+
+        steps.done("judge", t1, f"{verdict.status.upper()}: {verdict_summary(verdict)}")
+        return GateOutcome(True, "", rec)
+    steps.done("judge", t1, verdict.one_line(), status="fail")
+    return GateOutcome(False, verdict.one_line(), rec)
+
+
+def _row(r) -> dict:
+    def f(v, fmt):
+        return "-" if v is None else fmt % v
+
+    return {"C": r.concurrency, "baseline tok/s": f(r.baseline_tok_s, "%.1f"), "release tok/s": f(r.candidate_tok_s, "%.1f"),
+            "delta": f(r.delta_pct, "%+.1f%%"), "ITL p50 base": f(r.baseline_itl_p50_ms, "%.2f ms"),
+            "ITL p50 rel": f(r.candidate_itl_p50_ms, "%.2f ms"), "accept": f(r.accept_length, "%.2f"),
+            "errors": r.errors,
+            "CI": (f"[{r.low_pct:+.1f}, {r.high_pct:+.1f}] % n={r.samples}" if r.low_pct is not None else "-"),
+            "status": r.why or r.status}
+
+
+def store_release_bench(conn: Connection, host: HostConfig, release: str, run) -> None:
+    from opsctl.bench.results import write_jsonl
+
+    with tempfile.TemporaryDirectory() as tmp:
+        local = write_jsonl(run, Path(tmp) / "bench.jsonl")
+        conn.run(f"test -d {host.install_root}/releases/{release} && cat > {host.install_root}/releases/{release}/bench.jsonl",
+                 stdin=local.read_text(), check=False)
+
+
+def _verdict_record(conn: Connection, host: HostConfig, release: str, profile: Profile, status: str,
+                    reasons: list[str], notes: list[str], **extra: Any) -> dict:
+    rec = {"action": "verdict", "status": status, "result": "ok" if status == "pass" else "failed",
+           "release": release, "to_release": release, "profile": profile.name, "budget": profile.budget,
+           "reason": "; ".join(reasons) if reasons else "; ".join(notes), "reasons": reasons, "notes": notes, **extra}
+    return append_ledger(conn, host, rec)
+
+
