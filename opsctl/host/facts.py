@@ -1,0 +1,298 @@
+"""What the host says, read one way: each fact is a shell command and the parser of its
+output (pyinfra's facts are the model: a fact's `command()` and `process()`), tested with
+captured output and used by the deploy flow, status and the checks.
+
+`get(conn, fact)` runs one fact; `gather(conn, *facts)` runs several in one SSH round trip
+(the readiness probe asks four questions a second).
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any, Generic, TypeVar
+
+from opsctl.errors import HostError
+from opsctl.hosts import Connection
+from opsctl.journal import READY_LINE, load_entries_json
+
+T = TypeVar("T")
+
+
+class Fact(Generic[T]):
+    """A command whose output answers one question about the host."""
+
+    def command(self) -> str:  # pragma: no cover - every fact defines it
+        raise NotImplementedError
+
+    def process(self, stdout: str) -> T:  # pragma: no cover - every fact defines it
+        raise NotImplementedError
+
+
+def get(conn: Connection, fact: Fact[T], *, timeout: float = 60) -> T:
+    return fact.process(conn.run(fact.command(), check=False, timeout=timeout).stdout)
+
+
+_MARK = "--opsctl-fact-{n}--"
+
+
+def gather(conn: Connection, *facts: Fact, timeout: float = 60) -> tuple:
+    """Several facts in one round trip: each command's output framed by a marker line."""
+    script = "; ".join(f"( {f.command()} ) 2>/dev/null; echo; echo {_MARK.format(n=i)}" for i, f in enumerate(facts))
+    out = conn.run(script, check=False, timeout=timeout).stdout
+    values = []
+    for i, fact in enumerate(facts):
+        mark = _MARK.format(n=i)
+        head, sep, out = out.partition(mark + "\n")
+        if not sep:  # the host cut the output short: what is there still parses
+            head, _, out = out.partition(mark)
+        values.append(fact.process(head[:-1] if head.endswith("\n") else head))
+    return tuple(values)
+
+
+# --------------------------------------------------------------------------- the service
+
+
+SERVICE_PROPS = ("ActiveState", "SubState", "NRestarts", "MainPID", "Result", "ActiveEnterTimestamp",
+                 "UnitFileState", "InvocationID")
+
+
+@dataclass(frozen=True)
+class ServiceState(Fact[dict]):
+    """`systemctl show` properties of the unit (empty dict: no such unit or no systemd)."""
+
+    unit: str
+    props: tuple[str, ...] = SERVICE_PROPS
+
+    def command(self) -> str:
+        return f"systemctl show {shlex.quote(self.unit)} " + " ".join(f"-p {p}" for p in self.props)
+
+    def process(self, stdout: str) -> dict:
+        return dict(line.split("=", 1) for line in stdout.splitlines() if "=" in line)
+
+
+@dataclass(frozen=True)
+class ServiceStartEpoch(Fact["int | None"]):
+    """When the unit's main process started, in the host's epoch seconds (None: not running)."""
+
+    unit: str
+
+    def command(self) -> str:
+        return (f"t=$(systemctl show {shlex.quote(self.unit)} -p ExecMainStartTimestamp --value); "
+                f"[ -n \"$t\" ] && [ \"$t\" != n/a ] && date -d \"$t\" +%s")
+
+    def process(self, stdout: str) -> int | None:
+        text = stdout.strip()
+        return int(text) if text.isdigit() else None
+
+
+@dataclass(frozen=True)
+class HealthCode(Fact[int]):
+    """HTTP status of GET /health_generate on the host's loopback (0: no answer)."""
+
+    python: str
+    port: int
+    timeout_s: float = 25
+
+    def command(self) -> str:
+        url = f"http://127.0.0.1:{self.port}/health_generate"
+        py = ("import urllib.request, urllib.error\n"
+              "try:\n"
+              f"    print(urllib.request.urlopen({url!r}, timeout={self.timeout_s}).status)\n"
+              "except urllib.error.HTTPError as e:\n    print(e.code)\n"
+              "except Exception:\n    print(0)\n")
+        return f"{shlex.quote(self.python)} -c {shlex.quote(py)}"
+
+    def process(self, stdout: str) -> int:
+        text = stdout.strip().splitlines()[-1:] or ["0"]
+        return int(text[0]) if text[0].isdigit() else 0
+
+
+# --------------------------------------------------------------------------- the journal
+
+
+def _since(since: int | float | str) -> str:
+    return f"@{int(since)}" if isinstance(since, (int, float)) else str(since)
+
+
+@dataclass(frozen=True)
+class ReadyLines(Fact[int]):
+    """How many times the server printed SGLang's ready line since `since`."""
+
+    unit: str
+    since: int | float | str
+
+    def command(self) -> str:
+        return (f"journalctl -u {shlex.quote(self.unit)} --since {shlex.quote(_since(self.since))} -o cat --no-pager "
+                f"| grep -c -F {shlex.quote(READY_LINE)}")
+
+    def process(self, stdout: str) -> int:
+        text = stdout.strip()
+        return int(text) if text.isdigit() else 0
+
+
+CAUSE_PATTERN = "address already in use|capture cuda graph failed|out of memory|cuda error|illegal memory|error|exception"
+
+
+@dataclass(frozen=True)
+class CauseLines(Fact[list]):
+    """The journal lines since `since` that may say why a server failed (journal.first_cause
+    picks the most specific)."""
+
+    unit: str
+    since: int | float | str
+    limit: int = 60
+
+    def command(self) -> str:
+        return (f"journalctl -u {shlex.quote(self.unit)} --since {shlex.quote(_since(self.since))} -o cat --no-pager "
+                f"| grep -i -E {shlex.quote(CAUSE_PATTERN)} | head -n {int(self.limit)} | cut -c1-300")
+
+    def process(self, stdout: str) -> list[str]:
+        return [line for line in stdout.splitlines() if line.strip()]
+
+
+@dataclass(frozen=True)
+class JournalWindow(Fact[list]):
+    """The unit's journal entries since `since` (epoch seconds or any `journalctl --since`
+    value), as journal.parse() takes them. A journal that cannot be read is a HostError."""
+
+    unit: str
+    since: int | float | str
+
+    def command(self) -> str:
+        return (f"journalctl -u {shlex.quote(self.unit)} -o json --since {shlex.quote(_since(self.since))} "
+                f"--no-pager; echo \"#rc=$?\"")
+
+    def process(self, stdout: str) -> list[dict]:
+        body, _, rc = stdout.rstrip("\n").rpartition("#rc=")
+        if rc.strip() not in ("", "0"):
+            raise HostError(f"journalctl for {self.unit} failed (exit {rc.strip()}): {body.strip()[-300:]}",
+                            "check the unit name and that the login user may read the journal (root or "
+                            "systemd-journal group)")
+        try:
+            return load_entries_json(body)
+        except ValueError as exc:
+            raise HostError(f"journalctl -o json output does not parse: {exc}",
+                            "run the journalctl command by hand on the host to see what it prints") from None
+
+
+# --------------------------------------------------------------------------- files and disks
+
+
+@dataclass(frozen=True)
+class HostTime(Fact[int]):
+    """The host's clock, epoch seconds (journal windows are in host time)."""
+
+    def command(self) -> str:
+        return "date +%s"
+
+    def process(self, stdout: str) -> int:
+        text = stdout.strip()
+        if not text.isdigit():
+            raise HostError(f"the host's 'date +%s' printed {text[:60]!r}", "check the host's coreutils and clock")
+        return int(text)
+
+
+@dataclass(frozen=True)
+class DiskFree(Fact["int | None"]):
+    """Bytes free for a path (its nearest existing parent); None: no df on the host."""
+
+    path: str
+
+    def command(self) -> str:
+        return (f"d={shlex.quote(str(self.path))}; while [ ! -d \"$d\" ]; do d=$(dirname \"$d\"); done; "
+                f"df -P -B1 \"$d\" | awk 'NR==2 {{print $4}}'")
+
+    def process(self, stdout: str) -> int | None:
+        lines = stdout.strip().splitlines()
+        return int(lines[-1]) if lines and lines[-1].strip().isdigit() else None
+
+
+@dataclass(frozen=True)
+class CurrentRelease(Fact["str | None"]):
+    """The release the `current` link points at (None: no link)."""
+
+    root: str
+
+    def command(self) -> str:
+        return f"readlink {shlex.quote(str(self.root))}/current"
+
+    def process(self, stdout: str) -> str | None:
+        name = PurePosixPath(stdout.strip()).name if stdout.strip() else ""
+        return name if name not in ("", ".") else None
+
+
+@dataclass(frozen=True)
+class ReleaseManifests(Fact[dict]):
+    """{release id: manifest} of every complete release (a release without a manifest is not one)."""
+
+    root: str
+
+    def command(self) -> str:
+        return (f"cd {shlex.quote(str(self.root))} && for m in releases/*/manifest.json; do [ -f \"$m\" ] && "
+                f"echo \"$(basename $(dirname $m)) $(tr -d '\\n' < $m)\"; done")
+
+    def process(self, stdout: str) -> dict[str, dict]:
+        out = {}
+        for line in stdout.splitlines():
+            rid, _, body = line.partition(" ")
+            try:
+                manifest = json.loads(body)
+            except ValueError:
+                continue
+            if rid and isinstance(manifest, dict):
+                out[rid] = manifest
+        return out
+
+
+@dataclass(frozen=True)
+class LedgerRecords(Fact[tuple]):
+    """(records, problems): the host's ledger; a line that is not a JSON record is reported
+    with its line number and skipped."""
+
+    root: str
+
+    def command(self) -> str:
+        return f"cat {shlex.quote(str(self.root))}/ledger.jsonl"
+
+    def process(self, stdout: str) -> tuple[list[dict], list[str]]:
+        records: list[dict] = []
+        problems: list[str] = []
+        for no, body in enumerate(stdout.splitlines(), 1):
+            if not body.strip():
+                continue
+            try:
+                rec: Any = json.loads(body)
+            except ValueError as exc:
+                problems.append(f"line {no}: not JSON ({exc.msg}): {body[:80]!r}")
+                continue
+            if not isinstance(rec, dict):
+                problems.append(f"line {no}: not a record (a JSON {type(rec).__name__}): {body[:80]!r}")
+                continue
+            records.append(rec)
+        return records, problems
+
+
+# --------------------------------------------------------------------------- GPUs
+
+
+GPU_APPS_QUERY = "pid,process_name,used_memory"
+
+
+@dataclass(frozen=True)
+class GpuProcesses(Fact[list]):
+    """Processes holding GPU memory: [{"pid", "name", "used_mib"}] (empty: none, or no GPUs)."""
+
+    def command(self) -> str:
+        return f"nvidia-smi --query-compute-apps={GPU_APPS_QUERY} --format=csv,noheader,nounits"
+
+    def process(self, stdout: str) -> list[dict]:
+        rows = []
+        for line in stdout.splitlines():
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) >= 3 and parts[0].isdigit():
+                used = parts[2]
+                rows.append({"pid": int(parts[0]), "name": parts[1],
+                             "used_mib": int(used) if used.isdigit() else None})
+        return rows
