@@ -11,10 +11,15 @@ variants (fields on the begin or the end line, `num_tokens_per_bs=`, the ≤0.5.
 `Capture cuda graph end. Time elapsed: X s. mem usage=Y GB` spelling, 0.4.x end lines
 without `mem usage`) all land in the same `CaptureEvent`. Decode lines are split into
 `key: value` fields, so extra fields (`cap len`, `block accept len`, `#full token`) are kept
-rather than breaking the match. See docs/examples/ and tests/validate/data/ for real lines.
+rather than breaking the match. The `server_args=` line is read into a dict (0.5.23 prints
+`server_args={...}`, the resolved values; older releases `server_args=ServerArgs(...)`).
+Failures remember whether the server had printed its ready line (`READY_LINE`) before them,
+and a traceback whose header is outside the window (frames and/or the exception line only)
+is still a failure. See docs/examples/ and tests/validate/data/ for real lines.
 """
 from __future__ import annotations
 
+import ast
 import json
 import re
 import shlex
@@ -41,7 +46,9 @@ LEGACY = "legacy-unlabelled"
 CapturePhase = Literal["begin", "end", "failed", "info"]
 FailureKind = Literal["capture_failed", "cuda_oom", "kv_alloc_failed", "traceback", "fatal"]
 
-READY_TEXT = "The server is fired up and ready to roll!"
+# SGLang's ready line (srt/entrypoints/http_server.py), the one definition in opsctl: import it from here
+READY_LINE = "The server is fired up and ready to roll!"
+READY_TEXT = READY_LINE  # the name opsctl.checks.plugin imports
 
 
 # --------------------------------------------------------------------------- records
@@ -189,11 +196,22 @@ class Failure:
     kind: FailureKind
     line: LogLine
     summary: str            # the line itself, or for a traceback the exception line after it
+    after_ready: bool = False   # this process had printed the ready line before: it failed while serving
+    headless: bool = False      # a traceback's tail whose `Traceback (most recent call last):` is outside the window
 
     def as_dict(self) -> dict:
         return {"kind": self.kind, "rank": self.line.rank or "main", "line": self.line.line_no,
                 "timestamp": self.line.timestamp.isoformat() if self.line.timestamp else None,
-                "summary": self.summary[:300]}
+                "summary": self.summary[:300], "after_ready": self.after_ready, "headless": self.headless}
+
+
+@dataclass(frozen=True)
+class ServerArgsLine:
+    """The `server_args=` line SGLang prints at start, read into `args` (what could be read)."""
+
+    line: LogLine
+    args: dict[str, Any]
+    spelling: Literal["dict", "ServerArgs"]   # 0.5.23: `server_args={...}`; older: `server_args=ServerArgs(...)`
 
 
 @dataclass(frozen=True)
@@ -225,6 +243,7 @@ class ParsedJournal:
     retractions: list[LogLine] = field(default_factory=list)   # KV retraction under load: not a failure
     process_starts: list[ProcessStart] = field(default_factory=list)
     unit_events: list[UnitEvent] = field(default_factory=list)
+    server_args: list[ServerArgsLine] = field(default_factory=list)
 
     @property
     def latest_process(self) -> int:
@@ -245,6 +264,11 @@ class ParsedJournal:
     def decodes_of(self, process: int | None = None) -> list[DecodeLine]:
         process = self.latest_process if process is None else process
         return [d for d in self.decodes if d.line.process == process]
+
+    @property
+    def latest_server_args(self) -> ServerArgsLine | None:
+        """The last `server_args=` line in the window (the current process's, after a restart)."""
+        return self.server_args[-1] if self.server_args else None
 
     @property
     def restarts(self) -> int:
@@ -466,6 +490,77 @@ def parse_decode(line: LogLine) -> DecodeLine | None:
     )
 
 
+# --------------------------------------------------------------------------- server_args
+
+_OPEN, _CLOSE = "([{", ")]}"
+
+
+def _split_top_level(body: str) -> list[str]:
+    """Split `a=1, b=[1, 2], c='x, y'` at the commas outside brackets and quotes."""
+    parts, depth, quote, start, i = [], 0, "", 0, 0
+    while i < len(body):
+        ch = body[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch in _OPEN:
+            depth += 1
+        elif ch in _CLOSE:
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(body[start:i])
+            start = i + 1
+        i += 1
+    parts.append(body[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _literal(raw: str) -> Any:
+    """A Python literal when the repr is one (numbers, strings, None, lists, dicts), else the text."""
+    try:
+        return ast.literal_eval(raw)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return raw
+
+
+_ARG_KEY = re.compile(r"^(\w+)=(.*)$", re.S)
+_DICT_KEY = re.compile(r"""^(['"])(\w+)\1\s*:\s*(.*)$""", re.S)
+
+
+def parse_server_args(text: str) -> tuple[dict[str, Any], Literal["dict", "ServerArgs"]] | None:
+    """Read the `server_args=` line: `server_args={'tp_size': 8, ...}` (0.5.23, the resolved values)
+    or `server_args=ServerArgs(tp_size=8, ...)` (older releases, and the lab emulator). Values that
+    are not Python literals (enum or object reprs) are kept as their text; a line cut short keeps
+    what came before the cut. None when the line is neither spelling."""
+    text = text.strip()
+    if not text.startswith("server_args="):
+        return None
+    body = text[len("server_args="):].strip()
+    if body.startswith("ServerArgs("):
+        body, spelling, key_re = body[len("ServerArgs("):], "ServerArgs", _ARG_KEY
+    elif body.startswith("{"):
+        body, spelling, key_re = body[1:], "dict", _DICT_KEY
+    else:
+        return None
+    body = body.rstrip()
+    if body.endswith(")" if spelling == "ServerArgs" else "}"):
+        body = body[:-1]
+    args: dict[str, Any] = {}
+    for part in _split_top_level(body):
+        m = key_re.match(part)
+        if not m:
+            continue  # `...` in a shortened line, or a cut-off last item
+        key, raw = (m.group(1), m.group(2)) if spelling == "ServerArgs" else (m.group(2), m.group(3))
+        args[key] = _literal(raw.strip())
+    return args, spelling  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- failures
+
 _CUDA_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation")
 # a KV-pool allocation that raised (the scheduler dies), unlike the retraction lines below
 _KV_ALLOC_FAILED = re.compile(r"^(?:RuntimeError: )?(?:Decode|Prefill) out of memory\. Try to lower")
@@ -473,6 +568,10 @@ _RETRACTION = re.compile(r"Decode out of memory happened|KV cache pool is full\.
 _FATAL = re.compile(r"Received sigquit from a child process|Child process unexpectedly failed|"
                     r"Scheduler hit an exception|Exception in run_scheduler_process")
 _TB_NOISE = re.compile(r"^(?:Traceback \(most recent|File \"|During handling of|The above exception)")
+# a traceback's frame (`  File "/x.py", line 3, in f`) and its last line (`torch.OutOfMemoryError: ...`,
+# `AssertionError`): what is left of a traceback when the window starts after its header
+_TB_FRAME = re.compile(r'^\s+File "[^"]+", line \d+')
+_TB_EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)(?::\s.*)?$")
 _UNIT_EVENTS = [
     (re.compile(r"^Started "), "started"),
     (re.compile(r"^Stopping "), "stopping"),
@@ -508,6 +607,12 @@ def parse_lines(lines: list[LogLine]) -> ParsedJournal:
     last_traceback: dict[int | None, Failure] = {}
     open_captures: dict[tuple, list[Capture]] = {}
     pending_bs: dict[tuple, tuple[int, ...]] = {}
+    ready_processes: set[int] = set()  # processes that printed the ready line so far
+
+    def failure(kind: FailureKind, at: LogLine, summary: str, *, headless: bool = False) -> Failure:
+        f = Failure(kind, at, summary, after_ready=at.process in ready_processes, headless=headless)
+        result.failures.append(f)
+        return f
 
     for line in lines:
         if line.is_systemd:
@@ -523,6 +628,7 @@ def parse_lines(lines: list[LogLine]) -> ParsedJournal:
         if line.pid is not None and line.pid != current_pid:
             new_reason = f"pid {line.pid}" if current_pid is None else f"pid {current_pid} -> {line.pid}"
             current_pid, seen_server_args = line.pid, False
+        server_args = parse_server_args(line.text) if line.text.startswith("server_args=") else None
         if line.text.startswith("server_args=") and not line.rank:
             if seen_server_args and new_reason is None:
                 new_reason = "server_args printed again (same pid: a restart without PID information)"
@@ -533,14 +639,23 @@ def parse_lines(lines: list[LogLine]) -> ParsedJournal:
         if new_reason is not None or not result.process_starts:
             result.process_starts.append(ProcessStart(process, line, line.pid, new_reason or "first line"))
         result.lines.append(line)
+        if server_args is not None:
+            result.server_args.append(ServerArgsLine(line, *server_args))
         text = line.text.strip()
         # a traceback's continuation lines carry no rank prefix: follow it by process
         key = line.pid
         tb = open_tracebacks.get(key)
         if tb is None and line.bare and text.startswith(("During handling of", "The above exception")):
             tb = last_traceback.get(key)  # a chained exception continues the same failure
-            if tb is not None:
-                open_tracebacks[key] = tb
+            if tb is None:  # the window starts inside a chained traceback
+                tb = failure("traceback", line, text, headless=True)
+            open_tracebacks[key] = tb
+        if tb is None and line.bare and line.text.startswith((" ", "\t")) and _TB_FRAME.match(line.text):
+            # a frame with no traceback open: the window starts after the `Traceback ...` header
+            tb = open_tracebacks[key] = failure("traceback", line, text, headless=True)
+        elif tb is None and line.bare and not line.text.startswith((" ", "\t")) and _TB_EXCEPTION.match(text):
+            # the exception line alone (its frames and header are before the window)
+            last_traceback[key] = failure("traceback", line, text, headless=True)
         if tb is not None and line.bare and tb.line.rank:  # attribute the frames and exception to the rank
             line = replace(line, rank=tb.line.rank, tp_rank=tb.line.tp_rank)
             result.lines[-1] = line
@@ -553,9 +668,7 @@ def parse_lines(lines: list[LogLine]) -> ParsedJournal:
             del open_tracebacks[key]
         tb_start = "Traceback (most recent call last)" in text
         if tb_start and key not in open_tracebacks:
-            f = Failure("traceback", line, text)
-            result.failures.append(f)
-            open_tracebacks[key] = f
+            open_tracebacks[key] = failure("traceback", line, text)
 
         ev = parse_capture(line)
         if ev is not None:
@@ -574,7 +687,7 @@ def parse_lines(lines: list[LogLine]) -> ParsedJournal:
                 else:  # an end whose begin is outside the window: keep it as a complete capture
                     result.captures.append(Capture(ev.kind, line.rank, line.tp_rank, process, ev, ev))
             elif ev.phase == "failed":
-                result.failures.append(Failure("capture_failed", line, text))
+                failure("capture_failed", line, text)
             elif ev.phase == "info" and ev.bs is not None:
                 stack = open_captures.get((*ckey, LEGACY))
                 if stack:
@@ -582,22 +695,23 @@ def parse_lines(lines: list[LogLine]) -> ParsedJournal:
                 else:
                     pending_bs[ckey] = ev.bs
         elif "graph failed" in text and "Capture" in text:  # `Exception: Capture cuda graph failed: ...`
-            result.failures.append(Failure("capture_failed", line, text))
+            failure("capture_failed", line, text)
 
         if _CUDA_OOM.search(text):
-            result.failures.append(Failure("cuda_oom", line, text))
+            failure("cuda_oom", line, text)
         elif _KV_ALLOC_FAILED.search(text):
-            result.failures.append(Failure("kv_alloc_failed", line, text))
+            failure("kv_alloc_failed", line, text)
         elif _RETRACTION.search(text):
             result.retractions.append(line)
         if _FATAL.search(text) and not tb_start:
-            result.failures.append(Failure("fatal", line, text))
+            failure("fatal", line, text)
 
         dec = parse_decode(line)
         if dec is not None:
             result.decodes.append(dec)
-        elif READY_TEXT in text:
+        elif READY_LINE in text:
             result.ready.append(line)
+            ready_processes.add(process)
     return result
 
 
@@ -678,7 +792,8 @@ def looks_like_sglang(parsed: ParsedJournal) -> bool:
     """Does a parsed file hold a server log? Lines that SGLang prints carry its prefix (a
     timestamp, a rank, a journald pid) or are its server_args line; a README that quotes
     the ready line does not."""
-    return any(ln.timestamp is not None or ln.rank or ln.pid is not None or "server_args=ServerArgs(" in ln.text
+    return any(ln.timestamp is not None or ln.rank or ln.pid is not None
+               or ln.text.startswith(("server_args=ServerArgs(", "server_args={"))
                for ln in parsed.lines[:20000])
 
 

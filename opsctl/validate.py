@@ -2,21 +2,28 @@
 
 Pure: `opsctl.journal` parses, this module judges, the caller (CLI or deploy) prints or
 records. A check that cannot be proven from the log fails: a release whose graphs we
-cannot show to be right is refused, not waved through.
+cannot show to be right is refused, not waved through. The exception is a field that an
+older SGLang's log format does not print (no num_tokens_per_req or bs list on pre-0.5.11
+capture lines, no accept len / accept rate / cuda graph on old decode lines, no capture
+memory or time): that finding is ok with `details["status"] == "unknown"` and says the log
+does not show it.
 
 Entry points:
-    validate_startup(parsed, profile) -> list[Finding]   capture, failures, restarts, memory/time
+    validate_startup(parsed, profile) -> list[Finding]   capture, failures (start-up / serving), restarts, memory/time
     validate_decode(parsed, profile)  -> list[Finding]   decode lines under the probe load
     validate(parsed, profile, *, require_decode)         both
+    expectations_from_log(parsed)     -> LogProfile | None   the expectations the log's server_args line states
 """
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
-from typing import Iterable, Protocol
+from dataclasses import dataclass
+from typing import Any, Iterable, Protocol
 
 from opsctl.findings import Finding
-from opsctl.journal import (LEGACY, TARGET_DECODE, TARGET_VERIFY, Capture, DecodeLine, ParsedJournal,
+from opsctl.journal import (LEGACY, TARGET_DECODE, TARGET_VERIFY, Capture, DecodeLine, Failure, ParsedJournal,
                             since_start)
 
 # half a unit in the last printed place: SGLang prints accept len/rate with two decimals
@@ -26,18 +33,156 @@ FORMULA_NOTE = ("read back with 1 + (accept_len - 1) / accept_rate, SGLang 0.5.2
 
 
 class ProfileLike(Protocol):
-    """What validation reads from `opsctl.config.Profile`."""
+    """What validation reads from `opsctl.config.Profile` (or a `LogProfile`)."""
 
     name: str
-    kind: str  # "autoregressive" | "dflash" | "ddtree"
+    kind: str  # "autoregressive" | "dflash" | "ddtree" (| "speculative": another algorithm, LogProfile only)
     budget: int | None
     block_size: int | None
     tp_size: int
     cuda_graph_max_bs: int
-    max_concurrency: int | None
 
     @property
     def verify_width(self) -> int: ...
+
+    @property
+    def effective_max_concurrency(self) -> int: ...
+
+
+# --------------------------------------------------------------------------- expectations from the log
+
+
+@dataclass(frozen=True)
+class LogProfile:
+    """What the log's own `server_args=` line says the server was launched with, shaped like
+    `config.Profile` for the checks (`opsctl validate --from-file` without --profile). Fields the
+    line does not show are None and the checks that need them report "unknown"."""
+
+    kind: str                         # autoregressive | ddtree | dflash | speculative (another algorithm)
+    algorithm: str | None             # speculative_algorithm as printed, upper-case
+    num_draft_tokens: int | None
+    tp_size: int | None
+    cuda_graph_max_bs: int | None
+    cuda_graph_max_bs_from: str | None = None   # the server_args field it came from
+    decode_graphs_disabled: bool = False
+    max_concurrency: int | None = None          # --max-concurrency, when given
+    line_no: int = 0
+    spelling: str = "ServerArgs"
+    name: str = "server_args"
+
+    @property
+    def budget(self) -> int | None:  # the project renders DDTree's budget B as --speculative-num-draft-tokens B+1
+        return self.num_draft_tokens - 1 if self.kind == "ddtree" and self.num_draft_tokens else None
+
+    @property
+    def block_size(self) -> int | None:
+        return self.num_draft_tokens if self.kind == "dflash" else None
+
+    @property
+    def verify_width(self) -> int | None:  # type: ignore[override]
+        return 1 if self.kind == "autoregressive" else self.num_draft_tokens
+
+    @property
+    def effective_max_concurrency(self) -> int | None:  # type: ignore[override]
+        return self.max_concurrency or self.cuda_graph_max_bs
+
+    @property
+    def label(self) -> str:
+        algo = self.algorithm or "no speculation"
+        return f"server_args ({algo}" + (f", {self.num_draft_tokens} draft tokens" if self.num_draft_tokens else "") + ")"
+
+    @property
+    def described_as(self) -> str:
+        return f"the log's server_args (speculative_algorithm {self.algorithm or 'None'})"
+
+    def describe(self) -> str:
+        """One line for the CLI: where the expectations come from and what they are."""
+        parts = [f"speculative_algorithm {self.algorithm or 'None'}"]
+        if self.kind != "autoregressive":
+            width = (f"verify width {self.num_draft_tokens}" + (f", DDTree budget {self.budget}" if self.budget else "")
+                     if self.num_draft_tokens else "not shown")
+            parts.append(f"speculative_num_draft_tokens {self.num_draft_tokens or '?'} ({width})")
+        if self.cuda_graph_max_bs:
+            parts.append(f"cuda_graph_max_bs {self.cuda_graph_max_bs} (from {self.cuda_graph_max_bs_from})")
+        else:
+            parts.append("cuda_graph_max_bs not shown")
+        if self.decode_graphs_disabled:
+            parts.append("decode CUDA graphs disabled")
+        parts.append(f"tp_size {self.tp_size if self.tp_size is not None else 'not shown'}")
+        if self.max_concurrency:
+            parts.append(f"max concurrency {self.max_concurrency} (--max-concurrency)")
+        return f"expectations from the log's server_args line (line {self.line_no}): " + ", ".join(parts)
+
+    def as_dict(self) -> dict:
+        return {"source": "server_args", "line": self.line_no, "spelling": self.spelling, "kind": self.kind,
+                "speculative_algorithm": self.algorithm, "speculative_num_draft_tokens": self.num_draft_tokens,
+                "verify_width": self.verify_width, "budget": self.budget, "cuda_graph_max_bs": self.cuda_graph_max_bs,
+                "cuda_graph_max_bs_from": self.cuda_graph_max_bs_from, "decode_graphs_disabled": self.decode_graphs_disabled,
+                "tp_size": self.tp_size, "max_concurrency": self.effective_max_concurrency}
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _max_of(value: Any) -> int | None:
+    if isinstance(value, (list, tuple)) and value and all(_int(v) is not None for v in value):
+        return max(value)
+    return None
+
+
+def _decode_phase(args: dict[str, Any]) -> dict[str, Any]:
+    """`cuda_graph_config`'s decode phase: a dict in 0.5.23's `server_args={...}`, else its repr text."""
+    cfg = args.get("cuda_graph_config")
+    if isinstance(cfg, dict):
+        decode = cfg.get("decode")
+        return decode if isinstance(decode, dict) else {}
+    if isinstance(cfg, str):  # `CudaGraphConfig(decode=PhaseConfig(backend='full', max_bs=32, ...), ...)`
+        m = re.search(r"decode=PhaseConfig\(([^()]*)\)", cfg)
+        if m:
+            return {key: int(raw) if raw.isdigit() else raw
+                    for key, raw in re.findall(r"\b(backend|max_bs)='?(\w+)", m.group(1))}
+    return {}
+
+
+def _algorithm(value: Any) -> str | None:
+    if value is None:
+        return None
+    text = str(value).strip("<> '\"").split(":")[0].split(".")[-1].upper()  # also `<SpeculativeAlgorithm.EAGLE: 1>`
+    return None if text in ("", "NONE") else text
+
+
+def expectations_from_log(parsed: ParsedJournal, *, max_concurrency: int | None = None) -> LogProfile | None:
+    """The expectations the log's `server_args=` line states (the current process's), or None
+    when the window has no such line."""
+    sa = since_start(parsed).latest_server_args or parsed.latest_server_args
+    if sa is None:
+        return None
+    args = sa.args
+    algo = _algorithm(args.get("speculative_algorithm"))
+    kind = ("autoregressive" if algo is None else "ddtree" if algo == "DDTREE" else
+            "dflash" if algo == "DFLASH" else "speculative")
+    draft = _int(args.get("speculative_num_draft_tokens"))
+    if draft is None and kind == "dflash":
+        draft = _int(args.get("speculative_dflash_block_size"))
+    decode = _decode_phase(args)
+    max_bs, max_bs_from = None, None
+    # a bs list wins over max_bs (SGLang sets max_bs = max(bs)); the resolved config over the flags
+    for source, value in (("cuda_graph_config[decode].bs", _max_of(decode.get("bs"))),
+                          ("cuda_graph_config[decode].max_bs", _int(decode.get("max_bs"))),
+                          ("cuda_graph_bs_decode", _max_of(args.get("cuda_graph_bs_decode"))),
+                          ("cuda_graph_max_bs_decode", _int(args.get("cuda_graph_max_bs_decode"))),
+                          ("cuda_graph_bs", _max_of(args.get("cuda_graph_bs"))),
+                          ("cuda_graph_max_bs", _int(args.get("cuda_graph_max_bs")))):
+        if value is not None:
+            max_bs, max_bs_from = value, source
+            break
+    disabled = (args.get("disable_cuda_graph") is True or args.get("disable_decode_cuda_graph") is True
+                or args.get("cuda_graph_backend_decode") == "disabled" or decode.get("backend") == "disabled")
+    return LogProfile(kind=kind, algorithm=algo, num_draft_tokens=draft if kind != "autoregressive" else None,
+                      tp_size=_int(args.get("tp_size")), cuda_graph_max_bs=max_bs, cuda_graph_max_bs_from=max_bs_from,
+                      decode_graphs_disabled=disabled, max_concurrency=max_concurrency, line_no=sa.line.line_no,
+                      spelling=sa.spelling)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -47,8 +192,14 @@ def _rank(label: str) -> str:
     return label or "main"
 
 
-def _max_concurrency(profile: ProfileLike) -> int:
-    return getattr(profile, "max_concurrency", None) or profile.cuda_graph_max_bs
+def _who(profile: ProfileLike) -> str:
+    """'profile ddtree', or where a LogProfile's expectations come from."""
+    return getattr(profile, "described_as", None) or f"profile {profile.name}"
+
+
+def _unknown(check: str, diagnosis: str, details: dict) -> Finding:
+    """A field the log does not print: not a failure, and the finding says so."""
+    return Finding(check=check, ok=True, diagnosis=diagnosis, details={**details, "status": "unknown"})
 
 
 def _width_need(profile: ProfileLike) -> str:
@@ -57,6 +208,9 @@ def _width_need(profile: ProfileLike) -> str:
         return f"DDTree budget {profile.budget} needs {profile.verify_width}"
     if profile.kind == "dflash":
         return f"DFlash block size {profile.block_size} needs {profile.verify_width}"
+    if profile.kind != "autoregressive":
+        algo = getattr(profile, "algorithm", None) or profile.kind
+        return f"{algo} with --speculative-num-draft-tokens {profile.verify_width} needs {profile.verify_width}"
     return "autoregressive decode needs 1"
 
 
@@ -68,6 +222,9 @@ def _width_fix(profile: ProfileLike) -> str:
     if profile.kind == "dflash":
         return (f"launch with --speculative-num-draft-tokens {profile.verify_width} (the drafter's block size) "
                 "and redeploy")
+    if profile.kind != "autoregressive":
+        return ("check the --speculative-* flags in the launch args (--speculative-num-draft-tokens "
+                f"{profile.verify_width}) and the runtime that sizes the verify graph, then redeploy")
     return "remove the --speculative-* flags from the launch args and redeploy"
 
 
@@ -101,6 +258,10 @@ def _ranges(numbers: Iterable[int]) -> str:
     return ", ".join(parts)
 
 
+def _asker(profile: ProfileLike) -> str:
+    return "the log's server_args" if isinstance(profile, LogProfile) else "the profile"
+
+
 def _where(line) -> str:
     return f"{_rank(line.rank)}, line {line.line_no}" + (f", {line.timestamp:%Y-%m-%d %H:%M:%S}" if line.timestamp else "")
 
@@ -126,9 +287,11 @@ def _check_expected_graphs(captures: list[Capture], parsed: ParsedJournal, profi
     check = "capture.expected_graphs"
     kind = _expected_kind(profile)
     if not captures:
+        disabled = (": the log's server_args disable decode CUDA graphs"
+                    if getattr(profile, "decode_graphs_disabled", False) else "")
         return Finding(check=check, ok=False,
                        diagnosis="no CUDA-graph capture lines in the journal window: capture did not run, "
-                                 "or the window misses the start",
+                                 "or the window misses the start" + disabled,
                        fix="check that the window starts before the unit's start, that the launch args do not "
                            "disable decode graphs (--cuda-graph-backend-decode disabled), and the log level is info")
     # a rank that logs anything in this process (weights, KV pool, ...) must log the capture too:
@@ -144,13 +307,13 @@ def _check_expected_graphs(captures: list[Capture], parsed: ParsedJournal, profi
         other = ", ".join(kinds)
         if kind == TARGET_VERIFY and TARGET_DECODE in kinds:
             diag = (f"only a target decode graph (1 token/request) was captured: the server runs without "
-                    f"speculative decoding, but profile {profile.name} needs target verify "
+                    f"speculative decoding, but {_who(profile)} needs target verify "
                     f"({_width_need(profile)})")
             fix = ("check --speculative-algorithm in the rendered launch args"
                    + (" and that SGLANG_PLUGINS=ddtree loads the DDTree runtime" if profile.kind == "ddtree" else ""))
         elif kind == TARGET_DECODE and TARGET_VERIFY in kinds:
-            diag = (f"a target verify graph was captured: speculative decoding is on, but profile "
-                    f"{profile.name} is autoregressive")
+            diag = (f"a target verify graph was captured: speculative decoding is on, but "
+                    f"{_who(profile)} is autoregressive")
             fix = _width_fix(profile)
         else:
             diag = f"no {kind} graph was captured (captured: {other})"
@@ -195,6 +358,9 @@ def _check_verify_width(captures: list[Capture], profile: ProfileLike) -> Findin
     targets = _target_captures(captures, profile)
     details: dict = {"expected_kind": kind, "expected_tokens_per_req": want,
                      "per_rank": {_rank(c.rank): c.num_tokens_per_req for c in targets}}
+    if want is None:
+        return _unknown(check, f"unknown: the log's server_args line does not show speculative_num_draft_tokens, "
+                               f"so the {kind} graph's width has nothing to be checked against", details)
     if not targets:
         return Finding(check=check, ok=False,
                        diagnosis=f"no {kind} graph to read num_tokens_per_req from ({_width_need(profile)})",
@@ -204,11 +370,9 @@ def _check_verify_width(captures: list[Capture], profile: ProfileLike) -> Findin
             return Finding(check=check, ok=True,
                            diagnosis="legacy capture lines print no num_tokens_per_req; a non-speculative "
                                      "decode graph is 1 token/request", details=details)
-        return Finding(check=check, ok=False,
-                       diagnosis=f"the capture lines use the pre-0.5.11 spelling ('Capture cuda graph begin/end'), "
-                                 f"which prints no num_tokens_per_req: cannot show the verify graph has "
-                                 f"{want} tokens/request ({_width_need(profile)})",
-                       fix="validate a journal from SGLang 0.5.23, the deployed version", details=details)
+        return _unknown(check, f"unknown: the log does not show the verify graph's tokens/request: its capture "
+                               f"lines use the pre-0.5.11 spelling ('Capture cuda graph begin/end'), which prints no "
+                               f"num_tokens_per_req ({_width_need(profile)})", details)
     unknown = [c for c in targets if c.num_tokens_per_req is None]
     wrong = [c for c in targets if c.num_tokens_per_req is not None and c.num_tokens_per_req != want]
     if wrong:
@@ -235,7 +399,7 @@ def _check_verify_width(captures: list[Capture], profile: ProfileLike) -> Findin
 
 def _check_batch_coverage(captures: list[Capture], profile: ProfileLike) -> Finding:
     check = "capture.batch_coverage"
-    need = _max_concurrency(profile)
+    need = profile.effective_max_concurrency
     targets = [c for c in _target_captures(captures, profile) if c.complete]
     with_bs = [c for c in targets if c.bs]
     details: dict = {"max_concurrency": need, "profile_cuda_graph_max_bs": profile.cuda_graph_max_bs,
@@ -243,6 +407,12 @@ def _check_batch_coverage(captures: list[Capture], profile: ProfileLike) -> Find
     if not targets:
         return Finding(check=check, ok=False, diagnosis="no completed target graph capture to read batch sizes from",
                        fix="see capture.expected_graphs and capture.complete", details=details)
+    if need is None:
+        return _unknown(check, "unknown: the log's server_args line does not show cuda_graph_max_bs, so the "
+                               "concurrency the graphs must cover is not known (pass --max-concurrency N)", details)
+    if not with_bs and all(c.kind == LEGACY for c in targets):
+        return _unknown(check, f"unknown: the log does not show the captured batch sizes: its pre-0.5.11 capture "
+                               f"lines print no bs list (max concurrency {need})", details)
     if not with_bs:
         return Finding(check=check, ok=False,
                        diagnosis="the capture lines print no bs=[...] list: cannot show the graphs cover "
@@ -252,12 +422,12 @@ def _check_batch_coverage(captures: list[Capture], profile: ProfileLike) -> Find
     # a batch of n runs in the smallest captured graph >= n, so coverage is the largest bs, on the worst rank
     covered = min(max(c.bs) for c in with_bs)  # type: ignore[arg-type]
     details["captured_max_bs"] = covered
-    short_of_profile = covered < profile.cuda_graph_max_bs
+    short_of_profile = profile.cuda_graph_max_bs is not None and covered < profile.cuda_graph_max_bs
     if covered < need:
         return Finding(check=check, ok=False,
                        diagnosis=f"captured batch sizes reach {covered}, max concurrency is {need}: "
                                  f"concurrencies {_ranges(range(covered + 1, need + 1))} will run without CUDA graphs"
-                                 + (f" (the profile asked for {profile.cuda_graph_max_bs}: SGLang captured fewer, "
+                                 + (f" ({_asker(profile)} asked for {profile.cuda_graph_max_bs}: SGLang captured fewer, "
                                     "usually for lack of memory)" if short_of_profile else ""),
                        fix=f"raise --cuda-graph-max-bs-decode (profile cuda_graph_max_bs) to at least {need}, "
                            f"or serve at most {covered} concurrent requests",
@@ -267,8 +437,18 @@ def _check_batch_coverage(captures: list[Capture], profile: ProfileLike) -> Find
                    details=details)
 
 
+def _failure_text(f: Failure) -> str:
+    text = f.summary[:200]
+    if f.headless:
+        text += " (the tail of a traceback: its 'Traceback (most recent call last):' line is before the window)"
+    return text
+
+
 def _check_failures(parsed: ParsedJournal) -> list[Finding]:
+    """startup.* for failures before the ready line (all of them when the server never got
+    ready), serving.errors for those after it."""
     out = []
+    serving = [f for f in parsed.failures if f.after_ready]
     groups = [
         ("startup.capture_failed", ("capture_failed",),
          "lower --mem-fraction-static (e.g. 0.8) or --cuda-graph-max-bs-decode and redeploy; "
@@ -280,7 +460,7 @@ def _check_failures(parsed: ParsedJournal) -> list[Finding]:
          "read the traceback in the journal (journalctl -u UNIT --since <release start>) and fix its cause"),
     ]
     for check, kinds, fix in groups:
-        found = [f for f in parsed.failures if f.kind in kinds]
+        found = [f for f in parsed.failures if f.kind in kinds and not f.after_ready]
         details = {"count": len(found), "failures": [f.as_dict() for f in found[:10]]}
         if check == "startup.cuda_oom":
             # `Decode out of memory happened` / `KV cache pool is full. Retract requests` is SGLang
@@ -293,14 +473,36 @@ def _check_failures(parsed: ParsedJournal) -> list[Finding]:
                     "startup.errors": "error(s)"}[check]
             out.append(Finding(check=check, ok=False,
                                diagnosis=f"{what} since the release started ({len(found)}x); first at "
-                                         f"{_where(first.line)}: {first.summary[:200]}",
+                                         f"{_where(first.line)}: {_failure_text(first)}",
                                fix=fix, details=details))
         else:
             none = {"startup.capture_failed": "no 'Capture cuda graph failed'",
                     "startup.cuda_oom": "no CUDA out-of-memory error",
                     "startup.errors": "no traceback or fatal error"}[check]
-            out.append(Finding(check=check, ok=True, diagnosis=none, details=details))
+            out.append(Finding(check=check, ok=True, diagnosis=none + (" during start-up" if serving else ""),
+                               details=details))
+    if serving or parsed.ready:
+        out.append(_check_serving(serving, parsed))
     return out
+
+
+def _check_serving(serving: list[Failure], parsed: ParsedJournal) -> Finding:
+    check = "serving.errors"
+    details = {"count": len(serving), "failures": [f.as_dict() for f in serving[:10]]}
+    if not serving:
+        return Finding(check=check, ok=True, diagnosis=f"no exception after start-up (ready at {_where(parsed.ready[-1])})",
+                       details=details)
+    first = serving[0]
+    ready = next((r for r in parsed.ready if r.process == first.line.process), None)
+    kinds = sorted({f.kind for f in serving})
+    return Finding(check=check, ok=False,
+                   diagnosis=f"exception after start-up, while serving ({len(serving)}x: {', '.join(kinds)})"
+                             + (f"; the server was ready at {_where(ready)}" if ready is not None else "")
+                             + f"; first at {_where(first.line)}: {_failure_text(first)}",
+                   fix="read the journal from that line on (journalctl -u UNIT --since <release start>) and fix "
+                       "its cause; an exception in CUDA-graph replay usually means the served batches do not match "
+                       "the captured graph (see capture.verify_width and capture.batch_coverage)",
+                   details=details)
 
 
 def _check_restarts(parsed: ParsedJournal) -> Finding:
@@ -353,12 +555,17 @@ def _report_memory_and_time(captures: list[Capture], parsed: ParsedJournal) -> l
     avail = [v["avail_mem_after_gb_min"] for v in kinds.values() if v["avail_mem_after_gb_min"] is not None]
     mem_text = ", ".join(f"{k} {v['mem_usage_gb_max']:.2f} GB" for k, v in kinds.items()
                          if v["mem_usage_gb_max"] is not None) or "not printed"
-    mem = Finding(check="capture.memory", ok=True,
-                  diagnosis=f"graph memory per rank (max): {mem_text}"
-                            + (f"; total {mem_total:.2f} GB" if mem_total is not None else "")
-                            + (f"; {min(avail):.2f} GB left after capture" if avail else ""),
-                  details={"per_kind": kinds, "total_gb_max_rank": mem_total,
-                           "avail_mem_after_gb_min": min(avail) if avail else None})
+    mem_details = {"per_kind": kinds, "total_gb_max_rank": mem_total,
+                   "avail_mem_after_gb_min": min(avail) if avail else None}
+    if mem_total is None and not avail:
+        mem = _unknown("capture.memory", "unknown: the log does not show the graphs' memory (its capture lines print "
+                                         "no 'mem usage=' and no 'avail mem=')", mem_details)
+    else:
+        mem = Finding(check="capture.memory", ok=True,
+                      diagnosis=f"graph memory per rank (max): {mem_text}"
+                                + (f"; total {mem_total:.2f} GB" if mem_total is not None else "")
+                                + (f"; {min(avail):.2f} GB left after capture" if avail else ""),
+                      details=mem_details)
     time_total = round(max(per_rank_time.values()), 2) if per_rank_time else None
     time_text = ", ".join(f"{k} {v['elapsed_s_max']:.1f} s" for k, v in kinds.items()
                           if v["elapsed_s_max"] is not None) or "not printed"
@@ -369,11 +576,15 @@ def _report_memory_and_time(captures: list[Capture], parsed: ParsedJournal) -> l
     if ready and ready[0].timestamp and begin_ts:
         ready_after = (ready[0].timestamp - min(begin_ts)).total_seconds()
         details["ready_after_first_capture_s"] = ready_after
-    tm = Finding(check="capture.time", ok=True,
-                 diagnosis=f"capture time per rank (max): {time_text}"
-                           + (f"; total {time_total:.1f} s" if time_total is not None else "")
-                           + (f"; ready {ready_after:.0f} s after the first capture began" if ready_after is not None else ""),
-                 details=details)
+    if time_total is None and ready_after is None:
+        tm = _unknown("capture.time", "unknown: the log does not show how long capture took (its capture lines print "
+                                      "no elapsed time and carry no timestamps)", details)
+    else:
+        tm = Finding(check="capture.time", ok=True,
+                     diagnosis=f"capture time per rank (max): {time_text}"
+                               + (f"; total {time_total:.1f} s" if time_total is not None else "")
+                               + (f"; ready {ready_after:.0f} s after the first capture began" if ready_after is not None else ""),
+                     details=details)
     return [mem, tm]
 
 
@@ -409,31 +620,74 @@ def validate_decode(parsed: ParsedJournal, profile: ProfileLike, *, require: boo
                         fix="run a short probe load first (SGLang prints a decode line every "
                             "--decode-log-interval decode steps, 40 by default)",
                         details={"decode_lines": len(parsed.decodes)})]
-    findings = [_check_decode_graph(lines, parsed)]
+    findings = [_check_decode_graph(lines, parsed, profile)]
     if profile.kind != "autoregressive":
         findings.append(_check_draft_tokens(lines, parsed, profile))
     return findings
 
 
-def _check_decode_graph(lines: list[DecodeLine], parsed: ParsedJournal) -> Finding:
+def _graph_bound(parsed: ParsedJournal, profile: ProfileLike) -> tuple[int | None, str]:
+    """The largest batch that can run in a captured decode graph, and how it is known: the
+    capture lines' bs list (worst rank), else the configured cuda_graph_max_bs (SGLang never
+    captures more than that)."""
+    targets = [c for c in _target_captures(parsed.captures_of(), profile) if c.complete and c.bs]
+    if targets:
+        bound = min(max(c.bs) for c in targets)  # type: ignore[arg-type]
+        return bound, f"the largest captured batch size ({bound})"
+    if profile.cuda_graph_max_bs:
+        return (profile.cuda_graph_max_bs, f"{_asker(profile)}'s cuda_graph_max_bs ({profile.cuda_graph_max_bs}; "
+                "the window shows no captured bs list, and SGLang captures at most that)")
+    return None, ""
+
+
+def _reqs_of(decodes: list[DecodeLine]) -> str:
+    return ", ".join(map(str, sorted({d.running_reqs for d in decodes if d.running_reqs is not None})[:8]))
+
+
+def _check_decode_graph(lines: list[DecodeLine], parsed: ParsedJournal, profile: ProfileLike) -> Finding:
     check = "decode.cuda_graph"
     without = [d for d in lines if d.cuda_graph is False]
     unknown = [d for d in lines if d.cuda_graph is None]
+    on_graph = len(lines) - len(without) - len(unknown)
+    bound, bound_text = _graph_bound(parsed, profile)
+    # a batch above the largest captured size cannot replay a graph: SGLang runs it eagerly, as designed
+    eager = [d for d in without if bound is not None and d.running_reqs is not None and d.running_reqs > bound]
+    bad = [d for d in without if d not in eager]
     details = {"decode_lines": len(lines), "without_graph": len(without), "kv_retractions": len(parsed.retractions),
-               "running_reqs_max": max(d.running_reqs or 0 for d in lines)}
-    if without:
-        reqs = sorted({d.running_reqs for d in without if d.running_reqs is not None})
+               "running_reqs_max": max(d.running_reqs or 0 for d in lines), "graph_bound": bound,
+               "eager_fallback": len(eager), "unexpected_without_graph": len(bad), "no_graph_field": len(unknown)}
+    fallback = (f"{len(eager)} of {len(lines)} decode lines ran eagerly at #running-req {_reqs_of(eager)}, above "
+                f"{bound_text}: SGLang's expected eager fallback, not a failure" if eager else "")
+    if bad:
+        at = (f"at batch sizes that were captured (#running-req {_reqs_of(bad)}, not above {bound_text}"
+              if bound is not None else f"(#running-req {_reqs_of(bad)}")
         return Finding(check=check, ok=False,
-                       diagnosis=f"{len(without)} of {len(lines)} decode lines ran without CUDA graphs "
-                                 f"(#running-req {', '.join(map(str, reqs[:8]))}; first at {_where(without[0].line)})",
-                       fix="batches above the largest captured bs, or capture disabled: see capture.batch_coverage; "
-                           "raise --cuda-graph-max-bs-decode to the probe's concurrency",
+                       diagnosis=f"{len(bad)} of {len(lines)} decode lines ran without CUDA graphs {at}; "
+                                 f"first at {_where(bad[0].line)})" + (f"; {fallback}" if fallback else ""),
+                       fix=("graphs were captured for those batch sizes but not replayed: check the launch args "
+                            "(--cuda-graph-backend-decode, --disable-cuda-graph-padding) and the journal around "
+                            "that line, then redeploy" if bound is not None else
+                            "batches above the largest captured bs, or capture disabled: see capture.batch_coverage; "
+                            "raise --cuda-graph-max-bs-decode to the probe's concurrency"),
                        details=details)
     if len(unknown) == len(lines):
-        return Finding(check=check, ok=False, diagnosis="the decode lines print no 'cuda graph:' field",
-                       fix="validate a journal from SGLang 0.5.23", details=details)
-    return Finding(check=check, ok=True, diagnosis=f"all {len(lines) - len(unknown)} decode lines under load "
-                   "say cuda graph: True", details=details)
+        return _unknown(check, "unknown: the log does not show whether decode ran on CUDA graphs (its decode lines "
+                               "print no 'cuda graph:' field: an older SGLang)", details)
+    parts = []
+    if on_graph:
+        parts.append(f"{on_graph} decode line(s) under load say cuda graph: True" if without or unknown else
+                     f"all {on_graph} decode lines under load say cuda graph: True")
+    if fallback:
+        parts.append(fallback)
+    if unknown:
+        parts.append(f"{len(unknown)} print no 'cuda graph:' field (unknown)")
+    return Finding(check=check, ok=True, diagnosis="; ".join(parts), details=details)
+
+
+def _prints_accept_len(lines: list[DecodeLine], parsed: ParsedJournal) -> bool:
+    """Would this log's SGLang print accept len if it were speculating? Releases whose decode line
+    has a 'cuda graph:' field do (accept len came first), and so do those with 0.5.11+ capture lines."""
+    return parsed.log_format == "0.5.23" or any(d.cuda_graph is not None for d in lines)
 
 
 def _check_draft_tokens(lines: list[DecodeLine], parsed: ParsedJournal, profile: ProfileLike) -> Finding:
@@ -442,15 +696,21 @@ def _check_draft_tokens(lines: list[DecodeLine], parsed: ParsedJournal, profile:
     spec = [d for d in lines if d.accept_len is not None and d.accept_rate is not None]
     details: dict = {"expected": want, "formula": "1 + (accept_len - 1) / accept_rate", "sglang_version": "0.5.23",
                      "lines": len(spec)}
+    if want is None:
+        return _unknown(check, "unknown: the log's server_args line does not show speculative_num_draft_tokens, "
+                               "so the draft tokens per round have nothing to be checked against", details)
     if not spec and any(d.accept_len is not None for d in lines):
-        return Finding(check=check, ok=True,
-                       diagnosis="not checked: the decode lines print accept len but no accept rate (a release "
-                                 "before SGLang 0.5.23, whose accept-rate formula the read-back needs)",
-                       details=details)
+        return _unknown(check, "unknown: the log does not show accept rate (its decode lines print accept len "
+                               "only: a release before SGLang 0.5.23, whose accept-rate formula the read-back "
+                               "needs)", details)
+    if not spec and not _prints_accept_len(lines, parsed):
+        return _unknown(check, "unknown: the log does not show accept len: its decode lines are an older format "
+                               "(no 'cuda graph:' field, no accept fields) that cannot tell whether speculative "
+                               "decoding ran", details)
     if not spec:
         return Finding(check=check, ok=False,
                        diagnosis=f"the decode lines print no accept len/accept rate: the server runs without "
-                                 f"speculative decoding, but profile {profile.name} is {profile.kind}",
+                                 f"speculative decoding, but {_who(profile)} is {profile.kind}",
                        fix=_width_fix(profile), details=details)
     if parsed.log_format == "legacy":
         # older SGLang defined accept rate differently; reading it back would be a guess

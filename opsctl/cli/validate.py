@@ -12,16 +12,22 @@ from opsctl.errors import CheckFailed, ConfigError
 from opsctl.findings import Finding
 
 
+def _status(f: Finding) -> str:
+    if not f.ok:
+        return "FAIL"
+    return "unknown" if f.details.get("status") == "unknown" else "ok"
+
+
 def _print_findings(findings: list[Finding], title: str) -> None:
     # diagnoses quote log text ("[2026-05-30 ... TP0]", "[rank0]"): escape it so rich prints it as is
-    rows = [["ok" if f.ok else "FAIL", f.check, escape(f.diagnosis), "" if f.ok else escape(f.fix)] for f in findings]
+    rows = [[_status(f), f.check, escape(f.diagnosis), "" if f.ok else escape(f.fix)] for f in findings]
     _output.table(escape(title), ["", "check", "diagnosis", "fix"], rows)
 
 
-def _finish(findings: list[Finding], title: str, json_out: bool) -> None:
+def _finish(findings: list[Finding], title: str, json_out: bool, extra: Optional[dict] = None) -> None:
     ok = all(f.ok for f in findings)
     if json_out:
-        _output.emit_json({"ok": ok, "findings": [f.model_dump() for f in findings]})
+        _output.emit_json({"ok": ok, **(extra or {}), "findings": [f.model_dump() for f in findings]})
     else:
         _print_findings(findings, title)
         if ok:
@@ -37,17 +43,20 @@ def _offline(from_file: Path, profile_name: Optional[str], budget: Optional[int]
              max_concurrency: Optional[int], only: Optional[str], json_out: bool) -> None:
     from opsctl import journal
     from opsctl.config import resolve_profile
-    from opsctl.validate import validate, validate_decode, validate_startup
+    from opsctl.validate import expectations_from_log, validate, validate_decode, validate_startup
 
-    if profile_name is None:
-        raise ConfigError("--from-file needs --profile (and --budget N for ddtree)",
-                          "e.g. opsctl validate --from-file journal.txt --profile ddtree --budget 16")
+    if profile_name is None and budget is not None:
+        raise ConfigError("--budget applies to --profile ddtree",
+                          "add --profile ddtree, or drop --budget to take the expectations from the log's "
+                          "server_args line")
     if not from_file.is_file():
         raise ConfigError(f"--from-file {from_file}: no such file",
                           "save the journal first: journalctl -u UNIT --since '<release start>' > FILE "
                           "(or -o json)")
-    overrides = {profile_name: {"max_concurrency": max_concurrency}} if max_concurrency else None
-    profile = resolve_profile(profile_name, budget, overrides=overrides)
+    profile = None
+    if profile_name is not None:
+        overrides = {profile_name: {"max_concurrency": max_concurrency}} if max_concurrency else None
+        profile = resolve_profile(profile_name, budget, overrides=overrides)
     parsed = journal.load_file(from_file)
     if not parsed.lines:
         raise ConfigError(f"{from_file} holds no log lines", "pass a saved journal or an SGLang log excerpt")
@@ -55,6 +64,17 @@ def _offline(from_file: Path, profile_name: Optional[str], budget: Optional[int]
         raise ConfigError(f"{from_file} holds no SGLang server log lines (no server_args, capture, decode, ready "
                           f"or error line): it is not a journal of the service",
                           "save one with: journalctl -u UNIT --since '<release start>' > FILE (or -o json)")
+    extra = None
+    if profile is None:
+        # no --profile: check the log against what its own server_args line says it was launched with
+        profile = expectations_from_log(parsed, max_concurrency=max_concurrency)
+        if profile is None:
+            raise ConfigError(f"{from_file} has no server_args line (SGLang prints it at start), so the log "
+                              "does not say what to expect",
+                              "pass --profile P (and --budget N for ddtree), e.g. opsctl validate --from-file "
+                              f"{from_file} --profile ddtree --budget 16")
+        _output.info(profile.describe())
+        extra = {"expectations": profile.as_dict()}
     if only == "startup":
         findings = validate_startup(parsed, profile)
     elif only == "decode":
@@ -62,7 +82,7 @@ def _offline(from_file: Path, profile_name: Optional[str], budget: Optional[int]
     else:
         # a saved log may stop before any load: decode lines are checked when present
         findings = validate(parsed, profile, require_decode=False)
-    _finish(findings, f"{from_file.name}: {getattr(profile, 'label', profile.name)}", json_out)
+    _finish(findings, f"{from_file.name}: {getattr(profile, 'label', profile.name)}", json_out, extra)
 
 
 def _live(inventory: Optional[Path], limit: Optional[str], json_out: bool) -> None:
@@ -80,7 +100,8 @@ def register(app: typer.Typer) -> None:
                                                  "excerpt: journalctl text, 'journalctl -o json' export, or raw "
                                                  "SGLang output. Without it, validates the live release."),
         profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Profile the log was served with "
-                                              "(offline mode): ar-tp8, ar-ep8, dflash, ddtree."),
+                                              "(offline mode): ar-tp8, ar-ep8, dflash, ddtree. Without it, the "
+                                              "expectations come from the log's server_args line."),
         budget: Optional[int] = _common.BudgetOpt,
         max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", min=1, help="Concurrency the "
                                                       "graphs must cover (default: the profile's)."),
@@ -94,11 +115,15 @@ def register(app: typer.Typer) -> None:
         batch sizes, no capture failure/OOM/restart, decode lines on CUDA graphs with the right
         draft tokens per round.
 
-        Exit 0 when every check passes, 6 when one fails. With --json, prints {ok, findings}.
+        Exit 0 when every check passes, 6 when one fails. With --json, prints {ok, findings} (and
+        {expectations} when they come from the log). A field an older SGLang does not print is
+        reported as unknown, not failed.
 
         Examples:
 
           opsctl validate --from-file journal.txt --profile ddtree --budget 16
+
+          opsctl validate --from-file journal.txt   # expectations from the log's server_args line
 
           opsctl validate -i inventories/lab
         """

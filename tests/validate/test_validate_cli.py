@@ -75,7 +75,7 @@ def test_max_concurrency_option_feeds_the_coverage_check(run):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--from-file", "LOG"], "needs --profile"),
+    (["--from-file", "LOG", "--budget", "16"], "--budget applies to --profile ddtree"),
     (["--from-file", "/nonexistent/journal.txt", "--profile", "ddtree", "--budget", "16"], "no such file"),
     (["--from-file", "LOG", "--profile", "ddtree"], "needs --budget"),
     (["--from-file", "LOG", "--profile", "nope"], "unknown profile"),
