@@ -233,16 +233,8 @@ def plan_drafter(conn: Connection, host: HostConfig, manifest: DrafterManifest,
 
 
 def ssh_command(host: HostConfig) -> list[str]:
-    ssh = ["ssh", "-p", str(host.ssh.port), "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
-           "-o", "ServerAliveInterval=15", "-o", "IdentitiesOnly=yes"]
-    if host.ssh.key_file:
-        ssh += ["-i", str(host.ssh.key_file)]
-    if host.ssh.strict_host_keys:
-        known = host.ssh.known_hosts or Path("~/.ssh/known_hosts").expanduser()
-        ssh += ["-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known}"]
-    else:
-        ssh += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"]
-    return ssh
+    """`ssh` with the host's options (opsctl/host/ssh.py), without the destination."""
+    return host.ssh.ssh_argv()
 
 
 def _rsync(host: HostConfig, source: Path, rels: list[str], dest: Path) -> int:
@@ -255,8 +247,8 @@ def _rsync(host: HostConfig, source: Path, rels: list[str], dest: Path) -> int:
         # then the whole file's checksum is compared (and resent on mismatch)
         cmd = ["rsync", "-a", "--inplace", "--append-verify", "--stats", "--files-from", flist.name,
                *([f"--bwlimit={max(1, int(limit * 1024))}"] if limit else []),
-               "-e", " ".join(shlex.quote(a) for a in [*ssh_command(host), "-o", f"Ciphers={FAST_CIPHERS}"]),
-               f"{source}/", f"{host.ssh.user}@{host.ssh.address}:{dest}/"]
+               "-e", host.ssh.rsync_rsh("-o", f"Ciphers={FAST_CIPHERS}"),
+               f"{source}/", host.ssh.rsync_remote(f"{dest}/")]
         # its own session: a terminal's ^C goes to opsctl alone, which stops it (brake)
         proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=die_with_parent,
                               start_new_session=True)

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from opsctl.errors import ConfigError
+from opsctl.host.ssh import SSHSettings
 
 ProfileKind = Literal["autoregressive", "dflash", "ddtree"]
 MAX_BUDGET = 1024
@@ -102,13 +103,7 @@ BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
 # --------------------------------------------------------------------------- host facts
 
 
-class SSHFacts(_Strict):
-    address: str
-    user: str = "root"
-    port: int = Field(22, ge=1, le=65535)
-    key_file: Path | None = None
-    known_hosts: Path | None = None
-    strict_host_keys: bool = True
+SSHFacts = SSHSettings  # HostConfig.ssh: the one SSH configuration (opsctl/host/ssh.py)
 
 
 class GPUFacts(_Strict):
@@ -224,6 +219,8 @@ class HostSettings(_Strict):
     keep_releases: int = Field(5, ge=1)
     ssh_known_hosts: Path | None = None
     ssh_strict_host_keys: bool = True
+    ssh_jump_host: str | None = Field(None, description="[user@]host[:port] SSH goes through (user: ansible_user, "
+                                      "port: 22 by default); or ansible_ssh_common_args: \"-o ProxyJump=...\"")
     min_free_disk_gib: float = Field(20.0, ge=0)
     transfer_limit_mib_s: float | None = Field(None, gt=0, description="cap the drafter transfer rate (shared links)")
     guard_s: int | None = Field(None, ge=10, description="seconds after a switch before the host reverts an "
@@ -246,7 +243,7 @@ class HostSettings(_Strict):
 class HostConfig(_Strict):
     name: str
     groups: tuple[str, ...] = ()
-    ssh: SSHFacts
+    ssh: SSHSettings
     settings: HostSettings
 
     # shortcuts the rest of the code reads
@@ -515,14 +512,10 @@ def _host_config(name: str, groups: tuple[str, ...], merged: dict, directory: Pa
             if key in settings:
                 settings[key] = _resolve_local(directory, settings[key])
         parsed = HostSettings(**settings)
-        ssh = SSHFacts(
-            address=str(merged.get("ansible_host", name)),
-            user=str(merged.get("ansible_user", "root")),
-            port=int(merged.get("ansible_port", 22)),
-            key_file=_resolve_local(directory, merged.get("ansible_ssh_private_key_file")),
-            known_hosts=parsed.ssh_known_hosts,
-            strict_host_keys=parsed.ssh_strict_host_keys,
-        )
+        ssh = SSHSettings.from_inventory(
+            name, merged, key_file=_resolve_local(directory, merged.get("ansible_ssh_private_key_file")),
+            known_hosts=parsed.ssh_known_hosts, strict_host_keys=parsed.ssh_strict_host_keys,
+            jump_host=parsed.ssh_jump_host, where=where)
         host = HostConfig(name=name, groups=groups, ssh=ssh, settings=parsed)
     except ValidationError as exc:
         raise ConfigError(f"{where}: opsctl.{_first_error(exc)}", fix) from None

@@ -107,15 +107,20 @@ class LocalConnection:
 
 @dataclass
 class SSHConnection:
-    """fabric/paramiko connection built from a HostConfig's SSH facts.
+    """fabric/paramiko connection rendered from the host's SSHSettings (`HostConfig.ssh`,
+    opsctl/host/ssh.py), through its jump host where the inventory names one.
 
     Host keys are verified against the inventory's known_hosts (or the user's)
     unless the inventory explicitly disables it (the lab only).
     """
 
     host: "HostConfig"
-    connect_timeout: float = 5.0
+    connect_timeout: float | None = None  # default: the settings' connect timeout
     _conn: object | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.connect_timeout is None:
+            self.connect_timeout = self.host.ssh.connect_timeout
 
     @property
     def name(self) -> str:
@@ -125,40 +130,44 @@ class SSHConnection:
         if self._conn is not None:
             return self._conn
         import paramiko
-        from fabric import Connection as FabricConnection
 
         ssh = self.host.ssh
+        if self.connect_timeout != ssh.connect_timeout:
+            ssh = ssh.model_copy(update={"connect_timeout": self.connect_timeout})
+        hop = ssh.first_hop
+        lab_hint = "; for the lab run 'opsctl lab up'" if not ssh.strict_host_keys else ""
         try:  # fail fast with a clear message before paramiko's long stack traces
-            socket.create_connection((ssh.address, ssh.port), timeout=self.connect_timeout).close()
+            socket.create_connection(hop, timeout=self.connect_timeout).close()
         except OSError as exc:
-            raise HostError(f"host {self.host.name} ({ssh.address}:{ssh.port}) is unreachable: {exc}",
-                            "check the address in the inventory and that sshd runs there"
-                            + ("; for the lab run 'opsctl lab up'" if not ssh.strict_host_keys else "")) from exc
-        kwargs: dict = {"timeout": self.connect_timeout, "allow_agent": False, "look_for_keys": False,
-                        "banner_timeout": self.connect_timeout, "auth_timeout": self.connect_timeout}
-        if ssh.key_file:
-            kwargs["key_filename"] = str(ssh.key_file)
-        conn = FabricConnection(ssh.address, user=ssh.user, port=ssh.port, connect_kwargs=kwargs)
-        client = conn.client
-        if ssh.strict_host_keys:
-            known = Path(ssh.known_hosts or "~/.ssh/known_hosts").expanduser()
-            if not known.exists():
-                raise HostError(f"known_hosts file {known} does not exist, so {self.host.name}'s key cannot be verified",
-                                f"add the host key: ssh-keyscan -p {ssh.port} {ssh.address} >> {known}")
-            client.load_host_keys(str(known))
-            client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        else:
-            client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+            what = f"jump host {ssh.jump_host.spec}" if ssh.jump_host else f"{hop[0]}:{hop[1]}"
+            raise HostError(f"host {self.host.name} ({what}) is unreachable: {exc}",
+                            "check the address in the inventory and that sshd runs there" + lab_hint) from exc
+        conn = ssh.fabric_connection(self.host.name)
         try:
             conn.open()
+            conn.client.get_transport().set_keepalive(ssh.server_alive_interval)
+        except paramiko.ChannelException as exc:  # the jump host could not open the tunnel
+            self._close_gateway(conn)
+            raise HostError(f"SSH to {self.host.name} ({ssh.describe()}) failed: the jump host could not "
+                            f"connect to {ssh.address}:{ssh.port}: {exc}",
+                            "check the target address as the jump host sees it, and that the jump host's "
+                            "sshd allows TCP forwarding") from exc
         except paramiko.SSHException as exc:
-            raise HostError(f"SSH to {self.host.name} ({ssh.address}) failed: {exc}",
+            self._close_gateway(conn)
+            raise HostError(f"SSH to {self.host.name} ({ssh.describe()}) failed: {exc}",
                             "check the host key in known_hosts and the key file in the inventory") from exc
         except OSError as exc:
-            raise HostError(f"host {self.host.name} ({ssh.address}:{ssh.port}) is unreachable: {exc}",
-                            "check the address in the inventory") from exc
+            self._close_gateway(conn)
+            raise HostError(f"host {self.host.name} ({ssh.describe()}) is unreachable: {exc}",
+                            "check the address in the inventory" + lab_hint) from exc
         self._conn = conn
         return conn
+
+    @staticmethod
+    def _close_gateway(conn) -> None:
+        gateway = getattr(conn, "gateway", None)
+        if gateway is not None and hasattr(gateway, "close"):
+            gateway.close()  # fabric does not close a gateway Connection with its user
 
     def run(self, command: str, *, check: bool = True, timeout: float | None = None,
             stdin: str | None = None, on_stderr_line: Callable[[str], None] | None = None) -> Result:
@@ -253,6 +262,7 @@ class SSHConnection:
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
+            self._close_gateway(self._conn)
             self._conn = None
 
 

@@ -68,26 +68,21 @@ def run_playbook(inventory: Inventory, host: HostConfig, playbook: str, extravar
     if not pb.is_file():
         raise HostError(f"playbook {pb} is missing", "reinstall opsctl from a full checkout")
     work = Path(tempfile.mkdtemp(prefix="opsctl-ansible-"))
-    ssh_args = ["-o", "ConnectTimeout=5", "-o", "ServerAliveInterval=15", "-o", "IdentitiesOnly=yes",
-                "-o", "ControlMaster=auto", "-o", "ControlPersist=60s"]
-    if host.ssh.strict_host_keys:
-        known = host.ssh.known_hosts or Path("~/.ssh/known_hosts").expanduser()
-        ssh_args += ["-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known}"]
-    else:
-        ssh_args += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"]
     envvars = {
         "PATH": _ansible_bin_dir() + os.pathsep + os.environ.get("PATH", ""),
         "ANSIBLE_HOME": str(work / "home"),
         "ANSIBLE_LOCAL_TEMP": str(work / "tmp"),
         "ANSIBLE_SSH_CONTROL_PATH_DIR": str(work / "cp"),
-        "ANSIBLE_HOST_KEY_CHECKING": "True" if host.ssh.strict_host_keys else "False",
-        "ANSIBLE_SSH_ARGS": " ".join(ssh_args),
+        **host.ssh.ansible_envvars(),  # ssh args and host-key checking (opsctl/host/ssh.py)
         "ANSIBLE_RETRY_FILES_ENABLED": "False",
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_PIPELINING": "True",
         "ANSIBLE_PYTHON_INTERPRETER": str(host.host_python),  # the inventory says which python the host has
         "ANSIBLE_TIMEOUT": "10",
     }
+    # the connection variables too: extra vars win over the inventory's, so Ansible connects
+    # as the rest of opsctl does (same key path, same jump host)
+    extravars = {**extravars, **host.ssh.ansible_extravars()}
     steps: list[PlayStep] = []
     started: dict[str, float] = {}
 
@@ -132,7 +127,7 @@ def run_playbook(inventory: Inventory, host: HostConfig, playbook: str, extravar
         bad = next((s for s in steps if s.status in ("failed", "unreachable")), None)
         if bad and bad.status == "unreachable" or result.unreachable or not _reachable(host):
             # a connection lost mid-loop surfaces as a failed item ("All items completed"): ask the host
-            raise HostError(f"host {host.name} ({host.ssh.address}) became unreachable over SSH"
+            raise HostError(f"host {host.name} ({host.ssh.describe()}) became unreachable over SSH"
                             + (f": {bad.message}" if bad and bad.message else ""),
                             "check the address/key in the inventory" +
                             ("; for the lab run 'opsctl lab up'" if not host.ssh.strict_host_keys else ""),
@@ -147,7 +142,7 @@ def _reachable(host: HostConfig) -> bool:
     import socket
 
     try:
-        socket.create_connection((host.ssh.address, host.ssh.port), timeout=3).close()
+        socket.create_connection(host.ssh.first_hop, timeout=3).close()
         return True
     except OSError:
         return False

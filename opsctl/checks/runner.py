@@ -3,9 +3,11 @@
     report = run_checks(load_inventory("inventories/lab"), "pre")
     report.ok, report.results, report.as_dict(), report.findings()
 
-pytest runs in this process (`pytest.main([...], plugins=[collector])`) on the packaged
-suite (opsctl/checks/test_pre.py, test_post.py), isolated from any pytest.ini/pyproject
-of the caller's directory; its terminal output is kept in `CheckReport.output`.
+pytest runs in this process (`pytest.main([...], plugins=[collector, Preloaded(inventory)])`)
+on the packaged suite (opsctl/checks/test_pre.py, test_post.py), isolated from any
+pytest.ini/pyproject of the caller's directory; its terminal output is kept in
+`CheckReport.output`. The plugin gets the Inventory object as loaded (its hosts' SSHSettings
+included), not a path to read again.
 Core module: no typer/rich.
 """
 from __future__ import annotations
@@ -159,6 +161,8 @@ def run_checks(inventory: Inventory, group: str = "all", limit: str | None = Non
     `limit`). Returns a CheckReport; never raises for failing checks (see `.ok`)."""
     import pytest
 
+    from opsctl.checks import plugin
+
     if group not in GROUP_FILES:
         raise ConfigError(f"unknown check group {group!r}", "use pre, post or all")
     hosts = inventory.select(limit)  # a bad --limit is a ConfigError before anything runs
@@ -181,7 +185,8 @@ def run_checks(inventory: Inventory, group: str = "all", limit: str | None = Non
             os.environ.pop("OPSCTL_LIMIT", None)
             # an interrupt must not be reported by pytest as a failing check: held until it ends
             with BRAKE.held(), contextlib.redirect_stdout(out):
-                code = int(pytest.main(args, plugins=[collector]))
+                # the plugin takes this inventory as loaded (no second read from disk)
+                code = int(pytest.main(args, plugins=[collector, plugin.Preloaded(inventory)]))
         finally:
             os.environ.clear()
             os.environ.update(env_backup)
