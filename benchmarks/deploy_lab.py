@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 
 from opsctl.artifacts import drafter_manifest, ssh_command, sync_drafter  # noqa: E402
 from opsctl.config import load_inventory  # noqa: E402
-from opsctl.hosts import connect  # noqa: E402
+from opsctl.host.connection import connect  # noqa: E402
 
 
 def timed(label: str, fn, rows: list) -> object:

@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     from opsctl import lab
     from opsctl.config import load_inventory
     from opsctl.flow.bench import load_baseline, measure
-    from opsctl.hosts import connect
+    from opsctl.host.connection import connect
     from opsctl.lab import constants as C
     from opsctl.lab import holder
     from opsctl.lab.host import _locked

@@ -25,7 +25,7 @@ from typing import Callable
 from opsctl.brake import die_with_parent
 from opsctl.config import HostConfig
 from opsctl.errors import ConfigError, HostError
-from opsctl.hosts import Connection
+from opsctl.host.connection import Connection
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # AES-GCM first (hardware AES on both ends is the common case); the server picks what it supports

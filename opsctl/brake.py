@@ -10,7 +10,7 @@ While a brake is engaged (`with BRAKE.engaged(): ...`), a signal raises
 - `BRAKE.shielded(...)`: the rollback that answers an interrupt or a failure. Further
   signals are counted and announced ("still rolling back ...") but never abandon it.
 
-Remote commands are run on SSH channels the controller owns (opsctl/hosts.py), so
+Remote commands are run on SSH channels the controller owns (opsctl/host/connection.py), so
 an exception here closes the channel and nothing sends ^C to the remote side.
 """
 from __future__ import annotations

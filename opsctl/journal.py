@@ -2,7 +2,7 @@
 
 Pure functions over journal entries (`journalctl -o json` dicts) or text lines (a saved
 `journalctl` print-out with `May 30 00:27:32 host python[113022]: ` prefixes, or raw
-SGLang stdout). The only I/O is `read_journal` (through a Connection) and `load_file`.
+SGLang stdout). The only I/O is `load_file`; the host's journal is read by opsctl.host.facts.JournalWindow.
 
 Lines are parsed by fields, not by one regex per line: a capture line is recognised by
 its head (`Capture <name> CUDA graph begin|end`) and each field (`num_tokens_per_req=`,
@@ -22,16 +22,12 @@ from __future__ import annotations
 import ast
 import json
 import re
-import shlex
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Literal
+from typing import Any, Iterable, Literal
 
-from opsctl.errors import ConfigError, HostError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from opsctl.hosts import Connection
+from opsctl.errors import ConfigError
 
 # capture kinds as SGLang names them; LEGACY is the ≤0.5.10 / 0.4.x `Capture cuda graph ...`
 # line, which names neither role (target/draft) nor phase (decode/verify)
@@ -815,24 +811,3 @@ def load_file(path: str | Path) -> ParsedJournal:
             raise ConfigError(f"{path} looks like a journalctl JSON export but does not parse: {exc}",
                               "export it again with 'journalctl -u UNIT -o json > FILE', or save it as text") from None
     return parse(text)
-
-
-def journal_command(unit: str, since: str | int | float) -> str:
-    if isinstance(since, (int, float)):  # epoch seconds, as the deploy records a release's start
-        since = f"@{int(since)}"
-    return f"journalctl -u {shlex.quote(unit)} -o json --since {shlex.quote(since)} --no-pager"
-
-
-def read_journal(conn: "Connection", unit: str, since: str | int | float, *, timeout: float = 60) -> list[dict]:
-    """The unit's journal entries since `since` (any `journalctl --since` value, or epoch seconds),
-    read over `conn`. Parse them with `parse(entries)`."""
-    res = conn.run(journal_command(unit, since), check=False, timeout=timeout)
-    if not res.ok:
-        tail = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:] or [""]
-        raise HostError(f"journalctl for {unit} failed on {res.host or conn.name} (exit {res.rc}): {tail[0][:300]}",
-                        "check the unit name and that the login user may read the journal (root or systemd-journal group)")
-    try:
-        return load_entries_json(res.stdout)
-    except ValueError as exc:
-        raise HostError(f"journalctl -o json output from {res.host or conn.name} does not parse: {exc}",
-                        "run the journalctl command by hand on the host to see what it prints") from None

@@ -16,12 +16,13 @@ import socket
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from opsctl.config import HostConfig, Profile
 from opsctl.errors import HostError, LockHeldError
-from opsctl.hosts import Connection, SSHConnection
+from opsctl.host import facts
+from opsctl.host.connection import Connection, SSHConnection
 
 
 def release_id(profile_slug: str, rendered_digest: str, runtime_sha: str | None, drafter_digest: str | None,
@@ -147,45 +148,13 @@ class HostState:
 
 
 def read_state(conn: Connection, host: HostConfig) -> HostState:
-    root = host.install_root
-    script = (
-        f"cd {root} 2>/dev/null || exit 0; echo CURRENT=$(basename \"$(readlink current 2>/dev/null)\" 2>/dev/null); "
-        f"for m in releases/*/manifest.json; do [ -f \"$m\" ] && echo \"MANIFEST $(dirname $m) $(tr -d '\\n' < $m)\"; done; "
-        f"[ -f ledger.jsonl ] && sed 's/^/LEDGER /' ledger.jsonl; "
-        f"echo SERVICE $(systemctl show {host.unit_name} -p ActiveState -p SubState -p NRestarts -p MainPID "
-        f"-p ActiveEnterTimestamp -p UnitFileState 2>/dev/null | tr '\\n' '|'); true"
-    )
-    res = conn.run(script, check=False)
-    state = HostState(current=None)
-    ledger_no = 0
-    for line in res.stdout.splitlines():
-        if line.startswith("CURRENT="):
-            state.current = line.split("=", 1)[1].strip() or None
-        elif line.startswith("MANIFEST "):
-            _, d, body = line.split(" ", 2)
-            try:
-                state.releases[PurePosixPath(d).name] = ReleaseInfo(PurePosixPath(d).name, json.loads(body))
-            except ValueError:
-                continue
-        elif line.startswith("LEDGER "):
-            ledger_no += 1
-            body = line[7:]
-            if not body.strip():
-                continue
-            try:
-                rec = json.loads(body)
-            except ValueError as exc:
-                state.ledger_errors.append(f"line {ledger_no}: not JSON ({exc.msg}): {body[:80]!r}")
-                continue
-            if not isinstance(rec, dict):
-                state.ledger_errors.append(f"line {ledger_no}: not a record (a JSON {type(rec).__name__}): {body[:80]!r}")
-                continue
-            state.ledger.append(rec)
-        elif line.startswith("SERVICE "):
-            state.service = dict(kv.strip().split("=", 1) for kv in line[8:].split("|") if "=" in kv)
-    if state.current == "" or state.current == ".":
-        state.current = None
-    return state
+    """What is live, what is staged, the ledger and the service, in one round trip."""
+    root = str(host.install_root)
+    current, manifests, (records, problems), service = facts.gather(
+        conn, facts.CurrentRelease(root), facts.ReleaseManifests(root), facts.LedgerRecords(root),
+        facts.ServiceState(host.unit_name))
+    return HostState(current=current, releases={rid: ReleaseInfo(rid, m) for rid, m in manifests.items()},
+                     ledger=records, ledger_errors=problems, service=service)
 
 
 LEDGER_APPEND = Path(__file__).resolve().parent.parent / "playbooks" / "files" / "opsctl-ledger-append"

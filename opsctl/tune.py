@@ -174,7 +174,7 @@ def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None,
     from opsctl.flow.ready import wait_ready
     from opsctl.flow.steps import Steps, noop
     from opsctl.flow.switch import disarm_guard, switch
-    from opsctl.hosts import connect
+    from opsctl.host.connection import connect
     from opsctl.releases import HostLock, append_ledger, read_state, release_profile
 
     inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)

@@ -74,7 +74,7 @@ class LabHost:
         return load_inventory(self.inventory_dir).hosts["lab"]
 
     def connection(self):
-        from opsctl.hosts import SSHConnection
+        from opsctl.host.connection import SSHConnection
 
         return SSHConnection(self.host_config)
 

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass
 from typing import Iterable
 
+from opsctl.host.facts import GPU, ComputeApp
+
 # what the checks ask nvidia-smi (fields a real nvidia-smi and the lab's emulation both know)
-GPU_QUERY = "index,uuid,name,memory.total,memory.used,driver_version"
-APPS_QUERY = "pid,gpu_uuid,used_memory"
 
 
 # --------------------------------------------------------------------------- versions
@@ -42,62 +41,7 @@ def driver_in_range(version: str, vmin: str | None, vmax: str | None) -> bool:
 
 
 # --------------------------------------------------------------------------- nvidia-smi
-
-
-@dataclass(frozen=True)
-class GPU:
-    index: int
-    uuid: str
-    name: str
-    total_mib: int
-    used_mib: int
-    driver: str
-
-
-@dataclass(frozen=True)
-class ComputeApp:
-    pid: int
-    gpu_uuid: str
-    used_mib: int
-
-
-def _mib(value: str) -> int:
-    value = value.strip()
-    m = re.match(r"^(\d+(?:\.\d+)?)\s*(MiB)?$", value)
-    if not m:
-        raise ValueError(f"not a MiB value: {value!r}")
-    return int(float(m.group(1)))
-
-
-def _csv_rows(text: str) -> list[list[str]]:
-    return [[c.strip() for c in line.split(",")] for line in text.splitlines() if line.strip()]
-
-
-def parse_gpus(text: str) -> list[GPU]:
-    """Rows of `nvidia-smi --query-gpu=GPU_QUERY --format=csv,noheader,nounits`."""
-    out = []
-    for row in _csv_rows(text):
-        if len(row) < 6:
-            raise ValueError(f"unexpected nvidia-smi row: {', '.join(row)!r}")
-        # a GPU name may itself hold a comma: everything between uuid and the last 3 fields
-        index, uuid, *name, total, used, driver = row
-        out.append(GPU(int(index), uuid, ", ".join(name), _mib(total), _mib(used), driver))
-    return out
-
-
-def parse_compute_apps(text: str) -> list[ComputeApp]:
-    """Rows of `nvidia-smi --query-compute-apps=APPS_QUERY --format=csv,noheader[,nounits]`;
-    one row per (process, GPU). Unknown memory ('[N/A]') counts as 0."""
-    out = []
-    for row in _csv_rows(text):
-        if len(row) < 3 or not row[0].isdigit():
-            continue
-        try:
-            mib = _mib(row[2])
-        except ValueError:
-            mib = 0
-        out.append(ComputeApp(int(row[0]), row[1], mib))
-    return out
+# the GPU facts and their parsers live in opsctl.host.facts (Gpus, GpuProcesses)
 
 
 def owned_pids(proc_cgroups: str, unit_name: str) -> set[int]:

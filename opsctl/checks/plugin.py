@@ -30,8 +30,9 @@ import pytest
 
 from opsctl.config import HostConfig, Inventory, load_inventory
 from opsctl.errors import OpsctlError
-from opsctl.hosts import Result
+from opsctl.host.connection import Result
 from opsctl.checks import logic
+from opsctl.host import facts
 
 CHECKS_DIR = Path(__file__).resolve().parent
 GROUP_MODULES = {"test_pre": "pre", "test_post": "post"}
@@ -229,15 +230,16 @@ class Probe:
         self.unreachable()
         return self._cache.get("whoami", (True, ["?", "?"]))[1]
 
-    def gpus(self) -> list[logic.GPU]:
+    def gpus(self) -> list[facts.GPU]:
         def read():
-            r = self.run(f"nvidia-smi --query-gpu={logic.GPU_QUERY} --format=csv,noheader,nounits", timeout=60)
+            fact = facts.Gpus()
+            r = self.run(fact.command(), timeout=60)
             if r.rc == 127:
                 raise ProbeError("nvidia-smi is not installed or not on PATH (no NVIDIA driver?)")
             if r.rc != 0:
                 raise ProbeError(f"nvidia-smi failed (exit {r.rc}): {logic.one_line(r.stderr or r.stdout, 200)}")
             try:
-                gpus = logic.parse_gpus(r.stdout)
+                gpus = fact.process(r.stdout)
             except ValueError as exc:
                 raise ProbeError(f"cannot parse nvidia-smi output: {exc}") from None
             if not gpus:
@@ -245,14 +247,14 @@ class Probe:
             return gpus
         return self.cached("gpus", read)
 
-    def compute_apps(self) -> list[logic.ComputeApp]:
+    def compute_apps(self) -> list[facts.ComputeApp]:
         def read():
-            r = self.run(f"nvidia-smi --query-compute-apps={logic.APPS_QUERY} --format=csv,noheader,nounits",
-                         timeout=60)
+            fact = facts.GpuProcesses()
+            r = self.run(fact.command(), timeout=60)
             if r.rc != 0:
                 raise ProbeError(f"nvidia-smi --query-compute-apps failed (exit {r.rc}): "
                                  f"{logic.one_line(r.stderr or r.stdout, 200)}")
-            return logic.parse_compute_apps(r.stdout)
+            return fact.process(r.stdout)
         return self.cached("apps", read)
 
     def owned(self, pids: set[int]) -> set[int]:
@@ -289,41 +291,16 @@ class Probe:
     def show(self, *props: str) -> dict[str, str]:
         """`systemctl show` properties of our unit, read once per run (one command for all checks)."""
         def read():
-            args = " ".join(f"-p {p}" for p in self.UNIT_PROPS)
-            r = self.run(f"systemctl show {shlex.quote(self.cfg.unit_name)} {args}")
-            out = {}
-            for line in r.stdout.splitlines():
-                if "=" in line:
-                    k, v = line.split("=", 1)
-                    out[k] = v
-            return out
+            fact = facts.ServiceState(self.cfg.unit_name, self.UNIT_PROPS)
+            return fact.process(self.run(fact.command()).stdout)
         everything = self.cached("show", read)
         return {p: everything.get(p, "") for p in props} if props else dict(everything)
 
     def journal(self) -> dict:
         """This start of the unit (its InvocationID): count of ready lines, the capture failures."""
         def read():
-            from opsctl.journal import READY_TEXT
-
-            unit = shlex.quote(self.cfg.unit_name)
-            script = (f"inv=$(systemctl show -p InvocationID --value {unit}); echo \"INV=$inv\"; "
-                      f"[ -n \"$inv\" ] || exit 0; "
-                      f"journalctl _SYSTEMD_INVOCATION_ID=$inv -o cat --no-pager > /tmp/.opsctl-check-journal.$$ ; "
-                      f"echo \"LINES=$(wc -l < /tmp/.opsctl-check-journal.$$)\"; "
-                      f"echo \"READY=$(grep -c -F {shlex.quote(READY_TEXT)} /tmp/.opsctl-check-journal.$$)\"; "
-                      f"grep -F 'Capture cuda graph failed' /tmp/.opsctl-check-journal.$$ | head -3 | sed 's/^/FAIL /'; "
-                      f"rm -f /tmp/.opsctl-check-journal.$$")
-            r = self.run(script, timeout=120)
-            out: dict = {"invocation": "", "lines": 0, "ready": 0, "failures": []}
-            for line in r.stdout.splitlines():
-                if line.startswith("INV="):
-                    out["invocation"] = line[4:].strip()
-                elif line.startswith("LINES="):
-                    out["lines"] = int(line[6:].strip() or 0)
-                elif line.startswith("READY="):
-                    out["ready"] = int(line[6:].strip() or 0)
-                elif line.startswith("FAIL "):
-                    out["failures"].append(line[5:])
+            fact = facts.StartJournal(self.cfg.unit_name)
+            out = fact.process(self.run(fact.command(), timeout=120).stdout)
             if not out["invocation"]:
                 raise ProbeError(f"{self.cfg.unit_name} has never been started (no InvocationID)")
             return out
@@ -338,7 +315,7 @@ def _exc_text(exc: BaseException) -> str:
 
 @dataclass
 class TestinfraConnection:
-    """opsctl.hosts.Connection over a testinfra host (run only), so core readers like
+    """opsctl.host.connection.Connection over a testinfra host (run only), so core readers like
     opsctl.releases.read_state work unchanged inside the checks."""
 
     __test__ = False  # not a test class for pytest

@@ -4,5 +4,5 @@
 
 `deploy.py` is that arrow and nothing else; `inspect.py` reads what the host says
 (status, history). The CLI imports the step modules it needs; the steps talk to the
-host through opsctl.hosts and read its state through opsctl.releases and the journal.
+host through opsctl.host.connection and read its state through opsctl.releases and the journal.
 """

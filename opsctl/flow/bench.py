@@ -13,7 +13,7 @@ from typing import Any, Callable
 from opsctl.config import HostConfig, Inventory
 from opsctl.errors import CheckFailed, ConfigError, HostError
 from opsctl.flow.steps import as_inventory
-from opsctl.hosts import Connection, connect
+from opsctl.host.connection import Connection, connect
 from opsctl.releases import append_ledger, read_state, release_profile
 
 # --------------------------------------------------------------------------- benchmark gate
@@ -206,7 +206,7 @@ def measure_via_tunnel(host: HostConfig, policy, *, progress=None, meta: dict | 
 
     from opsctl.bench import loadgen
     from opsctl.bench.results import from_records
-    from opsctl.hosts import SSHConnection
+    from opsctl.host.connection import SSHConnection
 
     conn = SSHConnection(host)
     fab = conn._connection()

@@ -28,7 +28,7 @@ from opsctl.flow.stage import stage
 from opsctl.flow.steps import Progress, Steps, as_inventory, noop
 from opsctl.flow.switch import arm_guard, disarm_guard, switch
 from opsctl.flow.validate import validate_release
-from opsctl.hosts import Connection, connect
+from opsctl.host.connection import Connection, connect
 from opsctl.releases import HostLock, append_ledger
 
 # --------------------------------------------------------------------------- deploy

@@ -9,7 +9,7 @@ from opsctl.config import Inventory
 from opsctl.errors import ConfigError
 from opsctl.flow.bench import has_baseline, load_baseline, run_from_text
 from opsctl.flow.steps import as_inventory
-from opsctl.hosts import connect
+from opsctl.host.connection import connect
 from opsctl.releases import read_state
 
 # --------------------------------------------------------------------------- status / history

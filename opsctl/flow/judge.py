@@ -19,7 +19,7 @@ from opsctl.flow.bench import (
 )
 from opsctl.flow.steps import GateOutcome, Steps
 from opsctl.gates import judge_with_remeasure, verdict_summary
-from opsctl.hosts import Connection
+from opsctl.host.connection import Connection
 from opsctl.releases import append_ledger
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,7 +11,8 @@ from opsctl import __version__, wheelhouse
 from opsctl.artifacts import DrafterManifest, drafter_manifest, plan_drafter, runtime_wheel, sha256_file
 from opsctl.config import HostConfig, Profile
 from opsctl.errors import ConfigError, HostError
-from opsctl.hosts import Connection
+from opsctl.host import facts
+from opsctl.host.connection import Connection
 from opsctl.releases import HostState, now_iso, read_state, release_id, who
 from opsctl.render import Rendered, env_python, render
 
@@ -163,11 +163,8 @@ def _check_room(conn: Connection, host: HostConfig, bytes_to_send: int) -> None:
     """Refuse before anything changes when the install root cannot take the release, the
     ledger and the guard's records (a full disk mid-deploy tears records and releases)."""
     root = host.install_root
-    res = conn.run(f"d={shlex.quote(str(root))}; while [ ! -d \"$d\" ]; do d=$(dirname \"$d\"); done; "
-                   f"df -P -B1 \"$d\" | awk 'NR==2 {{print $4}}'", check=False)
-    try:
-        free = int(res.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+    free = facts.get(conn, facts.DiskFree(str(root)))
+    if free is None:
         return  # no df on the host: the pre-checks report disk space
     need = bytes_to_send + LEDGER_ROOM
     if free < need:

@@ -13,7 +13,7 @@ from opsctl.flow.plan import Plan
 from opsctl.flow.ready import wait_ready
 from opsctl.flow.steps import Progress, Steps, as_inventory, noop
 from opsctl.flow.switch import disarm_guard, stop_service, switch
-from opsctl.hosts import Connection, connect
+from opsctl.host.connection import Connection, connect
 from opsctl.releases import HostLock, HostState, append_ledger, read_state, release_profile
 
 

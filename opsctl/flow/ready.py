@@ -2,7 +2,6 @@
 start says why, in the words `opsctl validate` uses."""
 from __future__ import annotations
 
-import shlex
 import time
 from dataclasses import dataclass
 
@@ -10,30 +9,8 @@ from opsctl import journal, validate
 from opsctl.config import HostConfig, Profile
 from opsctl.errors import DeployFailed, OpsctlError
 from opsctl.flow.steps import Steps
-from opsctl.hosts import Connection
-
-READY_LINE = "The server is fired up and ready to roll!"
-
-
-_CAUSE_GREP = "address already in use|capture cuda graph failed|out of memory|cuda error|illegal memory|error|exception"
-
-
-def _probe_script(host: HostConfig, since: int) -> str:
-    unit = host.unit_name
-    url = f"http://127.0.0.1:{host.http_port}/health_generate"
-    py = ("import sys,urllib.request\n"
-          "try:\n"
-          f"    print(urllib.request.urlopen({url!r}, timeout=25).status)\n"
-          "except urllib.error.HTTPError as e:\n    print(e.code)\n"
-          "except Exception:\n    print(0)\n")
-    return (f"systemctl show {unit} -p ActiveState -p SubState -p NRestarts -p MainPID -p Result | tr '\\n' ' '; "
-            f"echo; journalctl -u {unit} --since @{since} -o cat --no-pager 2>/dev/null | "
-            f"grep -c -e {shlex.quote(READY_LINE)} -e 'Capture cuda graph failed' -e 'Traceback' | tr -d '\\n'; echo; "
-            f"journalctl -u {unit} --since @{since} -o cat --no-pager 2>/dev/null | "
-            f"grep -i -E {shlex.quote(_CAUSE_GREP)} | head -n 60 | cut -c1-300 | tr '\\n' '\\036'; echo; "
-            f"journalctl -u {unit} --since @{since} -o cat --no-pager 2>/dev/null | grep -c -F {shlex.quote(READY_LINE)}; "
-            f"{host.host_python} -c {shlex.quote(py)}")
-
+from opsctl.host import facts
+from opsctl.host.connection import Connection
 
 @dataclass
 class Ready:
@@ -49,17 +26,14 @@ def wait_ready(conn: Connection, host: HostConfig, profile: Profile, since: int,
     first_pid = None
     last = ""
     while True:
-        res = conn.run(_probe_script(host, since), check=False, timeout=60)
-        lines = res.stdout.splitlines() + [""] * 5
-        props = dict(f.split("=", 1) for f in lines[0].split() if "=" in f)
+        props, causes, ready_lines, health = facts.gather(
+            conn, facts.ServiceState(host.unit_name), facts.CauseLines(host.unit_name, since),
+            facts.ReadyLines(host.unit_name, since), facts.HealthCode(str(host.host_python), host.http_port))
         active, sub = props.get("ActiveState", ""), props.get("SubState", "")
         restarts, pid = props.get("NRestarts", "0"), props.get("MainPID", "0")
-        from opsctl.journal import first_cause
-
-        cause = first_cause([c for c in lines[2].split("\x1e") if c.strip()])
+        cause = journal.first_cause(causes)
         error_line = cause[1] if cause else ""
-        ready_lines = int(lines[3].strip() or 0) if lines[3].strip().isdigit() else 0
-        code = lines[4].strip()
+        code = str(health)
         if pid not in ("", "0"):
             if first_pid is None:
                 first_pid = pid
@@ -105,7 +79,7 @@ def with_start_diagnosis(conn: Connection, host: HostConfig, profile: Profile, s
     """A failed start says why, from the journal, in the same words `opsctl validate` uses."""
 
     try:
-        parsed = journal.parse(journal.read_journal(conn, host.unit_name, since))
+        parsed = journal.parse(facts.get(conn, facts.JournalWindow(host.unit_name, since)))
         failed = [f for f in validate.validate_startup(parsed, profile) if not f.ok]
     except OpsctlError:
         return exc
@@ -128,13 +102,10 @@ def with_start_diagnosis(conn: Connection, host: HostConfig, profile: Profile, s
 def crash_cause(conn: Connection, host: HostConfig, since: int) -> str | None:
     """The most specific failure line this release's server logged since the switch (a gate
     that failed because the server crashed names the crash, not only its symptom)."""
-    from opsctl.journal import first_cause
-
     try:
-        res = conn.run(f"journalctl -u {host.unit_name} --since @{since} -o cat --no-pager 2>/dev/null | "
-                       f"grep -i -E {shlex.quote(_CAUSE_GREP)} | head -n 200", check=False, timeout=60)
+        lines = facts.get(conn, facts.CauseLines(host.unit_name, since, limit=200))
     except OpsctlError:
         return None  # the rollback matters more than the diagnosis
-    cause = first_cause(res.stdout.splitlines())
+    cause = journal.first_cause(lines)
     return cause[1] if cause and cause[0] != "error" else None
 

@@ -12,7 +12,7 @@ from opsctl.bench import LOADGEN_PATH
 from opsctl.config import Inventory
 from opsctl.flow.plan import Plan
 from opsctl.flow.steps import Steps
-from opsctl.hosts import Connection
+from opsctl.host.connection import Connection
 from opsctl.playbook import PlayResult, run_playbook
 from opsctl.render import env_python
 

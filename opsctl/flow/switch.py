@@ -5,11 +5,12 @@ from __future__ import annotations
 import shlex
 
 from opsctl.config import HostConfig
-from opsctl.hosts import Connection
+from opsctl.host import facts
+from opsctl.host.connection import Connection
 
 
 def host_epoch(conn: Connection) -> int:
-    return int(conn.run("date +%s").stdout.strip())
+    return facts.get(conn, facts.HostTime())
 
 
 def guard_unit(host: HostConfig) -> str:

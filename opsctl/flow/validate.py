@@ -10,7 +10,8 @@ from opsctl.config import HostConfig, Inventory, Profile
 from opsctl.errors import CheckFailed, ConfigError, HostError
 from opsctl.findings import Finding
 from opsctl.flow.steps import GateOutcome, Steps, as_inventory
-from opsctl.hosts import Connection, connect
+from opsctl.host import facts
+from opsctl.host.connection import Connection, connect
 from opsctl.releases import append_ledger, read_state, release_profile
 
 # --------------------------------------------------------------------------- startup validation
@@ -35,7 +36,7 @@ def run_probe(conn: Connection, host: HostConfig, profile: Profile, since: int |
     parsed = None
     for round_no in range(PROBE_ROUNDS):
         run_loadgen(conn, host, probe_load_args(profile, round_no), timeout=600)
-        parsed = journal.parse(journal.read_journal(conn, host.unit_name, since))
+        parsed = journal.parse(facts.get(conn, facts.JournalWindow(host.unit_name, since)))
         if len(parsed.decodes_of()) >= 2:
             break
     return parsed
@@ -54,7 +55,7 @@ def run_loadgen(conn: Connection, host: HostConfig, args: list[str], *, timeout:
 
 def validate_release(conn: Connection, host: HostConfig, profile: Profile, since: int, steps: Steps) -> GateOutcome:
     t0 = steps.start("validate", "CUDA-graph capture and decode lines from the journal")
-    entries = journal.read_journal(conn, host.unit_name, since)
+    entries = facts.get(conn, facts.JournalWindow(host.unit_name, since))
     findings = validate.validate_startup(journal.parse(entries), profile)
     if validate.all_ok(findings):
         findings = validate.validate(run_probe(conn, host, profile, since), profile, require_decode=True)
@@ -93,12 +94,10 @@ def validate_live(inventory: str | Path | Inventory, limit: str | None = None) -
             if state.current_release is None:
                 raise ConfigError(f"no live release on {host.name}", "deploy one first: opsctl deploy ar-tp8")
             profile = release_profile(state.current_release, host)
-            started = conn.run(f"t=$(systemctl show {host.unit_name} -p ExecMainStartTimestamp --value); "
-                               f"[ -n \"$t\" ] && [ \"$t\" != n/a ] && date -d \"$t\" +%s", check=False)
-            if not started.ok or not started.stdout.strip().isdigit():
+            since_arg = facts.get(conn, facts.ServiceStartEpoch(host.unit_name))
+            if since_arg is None:
                 raise CheckFailed(f"{host.unit_name} is not running on {host.name}",
                                   f"start it (systemctl start {host.unit_name}) or roll back")
-            since_arg = int(started.stdout.strip())
             findings = validate.validate(run_probe(conn, host, profile, since_arg), profile, require_decode=True)
             out.extend(f.model_copy(update={"details": {**f.details, "host": host.name}}) for f in findings)
         finally:

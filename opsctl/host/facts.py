@@ -8,13 +8,14 @@ captured output and used by the deploy flow, status and the checks.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, Generic, TypeVar
 
 from opsctl.errors import HostError
-from opsctl.hosts import Connection
+from opsctl.host.connection import Connection
 from opsctl.journal import READY_LINE, load_entries_json
 
 T = TypeVar("T")
@@ -274,25 +275,108 @@ class LedgerRecords(Fact[tuple]):
         return records, problems
 
 
+# --------------------------------------------------------------------------- this start of the unit
+
+
+@dataclass(frozen=True)
+class StartJournal(Fact[dict]):
+    """The journal of the unit's current start (its InvocationID): {"invocation", "lines",
+    "ready" (count of the ready line), "failures" (up to 3 'Capture cuda graph failed' lines)}.
+    An empty invocation: the unit was never started."""
+
+    unit: str
+
+    def command(self) -> str:
+        unit = shlex.quote(self.unit)
+        return (f"inv=$(systemctl show -p InvocationID --value {unit}); echo \"INV=$inv\"; "
+                f"[ -n \"$inv\" ] || exit 0; t=$(mktemp); "
+                f"journalctl _SYSTEMD_INVOCATION_ID=$inv -o cat --no-pager > \"$t\"; "
+                f"echo \"LINES=$(wc -l < \"$t\")\"; echo \"READY=$(grep -c -F {shlex.quote(READY_LINE)} \"$t\")\"; "
+                f"grep -F 'Capture cuda graph failed' \"$t\" | head -3 | sed 's/^/FAIL /'; rm -f \"$t\"")
+
+    def process(self, stdout: str) -> dict:
+        out: dict = {"invocation": "", "lines": 0, "ready": 0, "failures": []}
+        for line in stdout.splitlines():
+            if line.startswith("INV="):
+                out["invocation"] = line[4:].strip()
+            elif line.startswith("LINES="):
+                out["lines"] = int(line[6:].strip() or 0)
+            elif line.startswith("READY="):
+                out["ready"] = int(line[6:].strip() or 0)
+            elif line.startswith("FAIL "):
+                out["failures"].append(line[5:])
+        return out
+
+
 # --------------------------------------------------------------------------- GPUs
 
 
-GPU_APPS_QUERY = "pid,process_name,used_memory"
+@dataclass(frozen=True)
+class GPU:
+    index: int
+    uuid: str
+    name: str
+    total_mib: int
+    used_mib: int
+    driver: str
+
+
+@dataclass(frozen=True)
+class ComputeApp:
+    pid: int
+    gpu_uuid: str
+    used_mib: int
+
+
+def _mib(value: str) -> int:
+    value = value.strip()
+    m = re.match(r"^(\d+(?:\.\d+)?)\s*(MiB)?$", value)
+    if not m:
+        raise ValueError(f"not a MiB value: {value!r}")
+    return int(float(m.group(1)))
+
+
+def _csv_rows(text: str) -> list[list[str]]:
+    return [[c.strip() for c in line.split(",")] for line in text.splitlines() if line.strip()]
+
+
+GPU_QUERY = "index,uuid,name,memory.total,memory.used,driver_version"
+APPS_QUERY = "pid,gpu_uuid,used_memory"
+
+
+@dataclass(frozen=True)
+class Gpus(Fact[list]):
+    """The host's GPUs, from nvidia-smi (a malformed row is a ValueError: the caller says so)."""
+
+    def command(self) -> str:
+        return f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits"
+
+    def process(self, stdout: str) -> list[GPU]:
+        out = []
+        for row in _csv_rows(stdout):
+            if len(row) < 6:
+                raise ValueError(f"unexpected nvidia-smi row: {', '.join(row)!r}")
+            # a GPU name may itself hold a comma: everything between uuid and the last 3 fields
+            index, uuid, *name, total, used, driver = row
+            out.append(GPU(int(index), uuid, ", ".join(name), _mib(total), _mib(used), driver))
+        return out
 
 
 @dataclass(frozen=True)
 class GpuProcesses(Fact[list]):
-    """Processes holding GPU memory: [{"pid", "name", "used_mib"}] (empty: none, or no GPUs)."""
+    """Processes holding GPU memory, one row per (process, GPU); unknown memory ('[N/A]') is 0."""
 
     def command(self) -> str:
-        return f"nvidia-smi --query-compute-apps={GPU_APPS_QUERY} --format=csv,noheader,nounits"
+        return f"nvidia-smi --query-compute-apps={APPS_QUERY} --format=csv,noheader,nounits"
 
-    def process(self, stdout: str) -> list[dict]:
-        rows = []
-        for line in stdout.splitlines():
-            parts = [p.strip() for p in line.split(",")]
-            if len(parts) >= 3 and parts[0].isdigit():
-                used = parts[2]
-                rows.append({"pid": int(parts[0]), "name": parts[1],
-                             "used_mib": int(used) if used.isdigit() else None})
-        return rows
+    def process(self, stdout: str) -> list[ComputeApp]:
+        out = []
+        for row in _csv_rows(stdout):
+            if len(row) < 3 or not row[0].isdigit():
+                continue
+            try:
+                mib = _mib(row[2])
+            except ValueError:
+                mib = 0
+            out.append(ComputeApp(int(row[0]), row[1], mib))
+        return out

@@ -15,7 +15,7 @@ from typing import Any
 
 from opsctl.config import BUILTIN_PROFILES, HostConfig, Inventory, profile_names, resolve_profile
 from opsctl.errors import ConfigError, HostError
-from opsctl.hosts import Connection, connect
+from opsctl.host.connection import Connection, connect
 
 from . import agent
 

@@ -9,7 +9,7 @@ from bench_fakeserver import FakeSGLang, Schedule
 from opsctl.bench import LOADGEN_PATH, loadgen_command
 from opsctl.bench.results import parse_loadgen_output
 from opsctl.gates import GatePolicy, judge
-from opsctl.hosts import LocalConnection
+from opsctl.host.connection import LocalConnection
 
 # max_spread off: the fake servers' millisecond timings spread by tens of percent on a
 # loaded 2-core CI machine; the noise gate has its own tests (test_bench_gates.py), this

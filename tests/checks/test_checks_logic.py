@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from opsctl.checks import catalog, logic
+from opsctl.host import facts
 
 GPU_CSV = "\n".join(
     f"{i}, GPU-{i:04d}, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 97887, {4 + (1000 if i < 2 else 0)}, 580.95.05"
@@ -31,18 +32,18 @@ def test_parse_version_rejects_garbage():
 
 
 def test_parse_gpus_and_apps():
-    gpus = logic.parse_gpus(GPU_CSV)
+    gpus = facts.Gpus().process(GPU_CSV)
     assert len(gpus) == 8 and gpus[0].name == "NVIDIA RTX PRO 6000 Blackwell Workstation Edition"
     assert gpus[1].used_mib == 1004 and gpus[7].total_mib == 97887 and gpus[3].driver == "580.95.05"
-    apps = logic.parse_compute_apps("123, GPU-0000, 1000 MiB\n123, GPU-0001, 1000\n456, GPU-0001, [N/A]\n")
+    apps = facts.GpuProcesses().process("123, GPU-0000, 1000 MiB\n123, GPU-0001, 1000\n456, GPU-0001, [N/A]\n")
     assert [(a.pid, a.gpu_uuid, a.used_mib) for a in apps] == [(123, "GPU-0000", 1000), (123, "GPU-0001", 1000),
                                                                (456, "GPU-0001", 0)]
-    assert logic.parse_compute_apps("") == []
+    assert facts.GpuProcesses().process("") == []
 
 
 def test_effective_free_counts_out_our_service():
-    gpus = logic.parse_gpus(GPU_CSV)
-    apps = logic.parse_compute_apps("123, GPU-0000, 1000\n123, GPU-0001, 1000\n")
+    gpus = facts.Gpus().process(GPU_CSV)
+    apps = facts.GpuProcesses().process("123, GPU-0000, 1000\n123, GPU-0001, 1000\n")
     free = logic.effective_free_mib(gpus, apps, own={123})
     assert free[0] == (97887 - 4, 1000) and free[5] == (97883, 0)
     free = logic.effective_free_mib(gpus, apps, own=set())

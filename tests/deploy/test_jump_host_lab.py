@@ -18,7 +18,7 @@ import time
 import pytest
 
 from opsctl.config import load_inventory
-from opsctl.hosts import SSHConnection
+from opsctl.host.connection import SSHConnection
 from opsctl.lab import constants as C
 
 pytestmark = pytest.mark.lab

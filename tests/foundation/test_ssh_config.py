@@ -185,7 +185,7 @@ def test_fabric_connection_through_the_jump_host(jumped, tmp_path):
 
 def test_ssh_connection_reports_a_dead_jump_host(jumped):
     from opsctl.config import HostConfig
-    from opsctl.hosts import SSHConnection
+    from opsctl.host.connection import SSHConnection
 
     lab = load_inventory(REPO / "inventories" / "lab").hosts["lab"]
     dead = jumped.model_copy(update={"jump_host": JumpHost(address="127.0.0.1", user="root", port=9)})

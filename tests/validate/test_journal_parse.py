@@ -7,7 +7,7 @@ import pytest
 
 from opsctl import journal
 from opsctl.errors import ConfigError, HostError
-from opsctl.hosts import Result
+from opsctl.host.connection import Result
 from validate_lines import DATA, SITE_LINES, begin, decode_line, end
 
 

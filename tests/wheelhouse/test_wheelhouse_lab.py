@@ -12,7 +12,7 @@ from opsctl import wheelhouse as wh
 from opsctl.flow import deploy as flow
 from opsctl.config import load_inventory
 from opsctl.errors import ConfigError
-from opsctl.hosts import SSHConnection
+from opsctl.host.connection import SSHConnection
 
 ROOT = PurePosixPath("/opt/opsctl-whtest")   # a root of its own: the lab's /opt/opsctl is left alone
 
@@ -130,7 +130,7 @@ def test_host_with_too_old_glibc_is_refused_before_anything_is_shipped(lab_host,
         return rec
 
     before = lab_host.run(f"ls -la {ROOT} 2>&1; ls /opt/opsctl/shared 2>&1").stdout
-    monkeypatch.setattr(deploy, "connect", connect)
+    monkeypatch.setattr(flow, "connect", connect)
     with pytest.raises(ConfigError) as exc:
         flow.deploy(inv, "ar-tp8", pre_checks=False, gates=False)
     msg = exc.value.one_line()
