@@ -415,7 +415,7 @@ def bench_and_judge(conn: Connection, host: HostConfig, profile: Profile, releas
     A baseline profile benched on a host with no baseline becomes that baseline."""
     from opsctl.gates import judge_with_remeasure
 
-    policy = host.gate_policy()
+    policy = host.gate_policy(profile)
     t0 = steps.start("bench", f"levels {','.join(map(str, policy.concurrency))}, {policy.repeats} repeat(s)")
     meta = {"release": release, "profile": profile.label, "kind": profile.kind}
     is_baseline_kind = profile.kind == "autoregressive"
