@@ -4,6 +4,10 @@ The inventory directory is Ansible's own (`hosts.yml`, `group_vars/`, `host_vars
 so one set of files drives both ansible-runner and opsctl. opsctl's settings live
 under one `opsctl:` mapping, deep-merged all -> groups -> host; SSH facts come from
 the usual `ansible_*` variables.
+
+Every key under `opsctl:` is a field of one of the models here (the gate policy is
+opsctl.gates.GatePolicy): an unknown key, a wrong type or an out-of-range value is a
+ConfigError naming the file:line that set it, when the inventory loads.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from opsctl.errors import ConfigError
+from opsctl.gates import GatePolicy  # gates.py imports nothing from config (no cycle)
 from opsctl.host.ssh import SSHSettings
 
 ProfileKind = Literal["autoregressive", "dflash", "ddtree"]
@@ -23,6 +28,15 @@ MAX_BUDGET = 1024
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _NestedError(ValueError):
+    """A model validator's error about one of the model's own settings: `loc` (relative
+    to the model) lets the loader name the file:line of that setting."""
+
+    def __init__(self, message: str, loc: tuple = ()):
+        super().__init__(message)
+        self.loc = tuple(loc)
 
 
 # --------------------------------------------------------------------------- profiles
@@ -47,7 +61,8 @@ class Profile(_Strict):
     max_concurrency: int | None = Field(None, ge=1, description="concurrency the site serves; graphs must cover it")
     decode_log_interval: int = Field(40, ge=1)
     readiness_timeout_s: int = Field(1800, ge=5)
-    accept_len_floor: float | None = Field(None, ge=1.0)
+    accept_len_floor: float | None = Field(None, ge=1.0, description="this profile's accept-length floor in the "
+                                           "bench gate and the watch (over the gate's floor for its kind)")
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
 
@@ -59,6 +74,9 @@ class Profile(_Strict):
             raise ValueError(f"profile {self.name}: a ddtree profile needs a budget")
         if self.kind != "ddtree" and self.budget is not None:
             raise ValueError(f"profile {self.name}: budget only applies to ddtree profiles")
+        if self.kind == "autoregressive" and self.accept_len_floor is not None:
+            raise ValueError(f"profile {self.name}: accept_len_floor only applies to speculative profiles "
+                             "(an autoregressive server reports no accept length)")
         return self
 
     @property
@@ -103,7 +121,6 @@ BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
 # --------------------------------------------------------------------------- host facts
 
 
-SSHFacts = SSHSettings  # HostConfig.ssh: the one SSH configuration (opsctl/host/ssh.py)
 
 
 class GPUFacts(_Strict):
@@ -122,7 +139,6 @@ class ModelFacts(_Strict):
 
 class DrafterFacts(_Strict):
     source: Path = Field(description="drafter weights directory on the controller")
-    name: str = "drafter"
 
 
 class RuntimeFacts(_Strict):
@@ -182,13 +198,15 @@ class WatchSettings(_Strict):
     @model_validator(mode="after")
     def _window(self) -> "WatchSettings":
         if self.window_s < self.interval_s * self.min_samples:
-            raise ValueError(f"window_s {self.window_s} cannot hold min_samples {self.min_samples} samples taken "
-                             f"every interval_s {self.interval_s}s (needs window_s >= {self.interval_s * self.min_samples})")
+            raise _NestedError(f"window_s {self.window_s} cannot hold min_samples {self.min_samples} samples taken "
+                               f"every interval_s {self.interval_s}s (needs window_s >= "
+                               f"{self.interval_s * self.min_samples})", ("window_s",))
         for name, data in self.rules.items():
             try:
                 WatchRules(**{**self.defaults.model_dump(exclude_unset=True), **(data or {})})
             except ValidationError as exc:
-                raise ValueError(f"rules.{name}: {_first_error(exc)}") from None
+                raise _NestedError(f"rules.{name}: {_first_error(exc)}",
+                                   ("rules", name, *exc.errors()[0]["loc"])) from None
         return self
 
     def rules_for(self, profile: "Profile", gate_floor: float | None) -> WatchRules:
@@ -228,8 +246,8 @@ class HostSettings(_Strict):
     extra_env: dict[str, str] = Field(default_factory=dict)
     secrets_file: Path | None = Field(None, description="controller file of KEY=VALUE secrets (HF token, API key); shipped 0600")
     secrets_mode_ok: bool = Field(False, description="accept a secrets_file that group/others can read on the controller")
-    profiles: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    gate: dict[str, Any] = Field(default_factory=dict)
+    profiles: dict[str, dict[str, Any]] = Field(default_factory=dict, description="per profile: Profile fields")
+    gate: GatePolicy = Field(default_factory=GatePolicy)
     watch: WatchSettings = Field(default_factory=WatchSettings)
 
     @field_validator("service_name")
@@ -287,14 +305,15 @@ class HostConfig(_Strict):
     def baseline_profile(self) -> str:
         return self.settings.baseline_profile
 
-    def gate_policy(self):
-        from opsctl.gates import GatePolicy  # gates owns the policy model
-
-        try:
-            return GatePolicy(**self.settings.gate)
-        except ValidationError as exc:
-            raise ConfigError(f"host {self.name}: opsctl.gate: {_first_error(exc)}",
-                              "fix the gate policy in group_vars/ or host_vars/") from None
+    def gate_policy(self, profile: Profile | None = None) -> GatePolicy:
+        """The host's gate policy (`opsctl.gate`, validated at load), a copy the caller
+        may change. With a speculative `profile` whose `accept_len_floor` is set, that
+        floor is the policy's accept-length floor for the profile's kind."""
+        policy = self.settings.gate.model_copy(deep=True)
+        if profile is not None and profile.speculative and profile.accept_len_floor is not None:
+            policy = policy.model_copy(update={"accept_length_floor": {
+                **policy.accept_length_floor, profile.kind: profile.accept_len_floor}})
+        return policy
 
     def profile(self, name: str, budget: int | None = None) -> Profile:
         return resolve_profile(name, budget, overrides=self.settings.profiles)
@@ -388,19 +407,61 @@ def _first_error(exc: ValidationError) -> str:
     return f"{loc}: {msg}" if loc else msg
 
 
+class _Located(dict):
+    """A YAML mapping that remembers where each of its keys was written (`file:line`),
+    so an error about a setting can name the line that set it."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.where: dict[Any, str] = {}
+
+
+class _LineLoader(yaml.SafeLoader):
+    source = "<yaml>"
+
+
+def _construct_located(loader: _LineLoader, node: yaml.MappingNode):
+    data = _Located()
+    yield data
+    data.update(loader.construct_mapping(node))
+    for key_node, _ in node.value:  # merge keys (<<) are flattened in by now; the last one wins, as in the dict
+        data.where[loader.construct_object(key_node)] = f"{loader.source}:{key_node.start_mark.line + 1}"
+
+
+_LineLoader.add_constructor("tag:yaml.org,2002:map", _construct_located)
+
+
+def _where(data: Any, loc: tuple) -> str | None:
+    """`file:line` of the deepest key along `loc` that an inventory file wrote."""
+    found, node = None, data
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            found = getattr(node, "where", {}).get(part, found)
+            node = node[part]
+        elif isinstance(node, (list, tuple)) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        else:
+            break
+    return found
+
+
 def _read_yaml(path: Path) -> Any:
     try:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}", "check the path and its permissions") from None
+    loader = _LineLoader(text)
+    loader.source = str(path)
     try:
-        return yaml.safe_load(text)
+        return loader.get_single_data()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"malformed YAML at {where}: {problem}",
                           "fix the indentation/syntax on that line") from None
+    finally:
+        loader.dispose()
 
 
 def _mapping(value: Any, where: str) -> dict:
@@ -413,7 +474,8 @@ def _mapping(value: Any, where: str) -> dict:
 
 
 def _deep_merge(base: dict, extra: dict) -> dict:
-    out = dict(base)
+    out = _Located(base)
+    out.where = {**getattr(base, "where", {}), **getattr(extra, "where", {})}
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = _deep_merge(out[key], value)
@@ -435,8 +497,9 @@ def _walk_groups(name: str, node: dict, where: str, parents: tuple[str, ...],
     node = _mapping(node, where)
     unknown = set(node) - {"hosts", "children", "vars"}
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)} in group {name!r}",
-                          "a group has only 'hosts', 'children' and 'vars'")
+        at = getattr(node, "where", {}).get(sorted(unknown, key=str)[0])
+        raise ConfigError(f"{at + ': ' if at else ''}{where}: unknown key(s) {sorted(unknown, key=str)} "
+                          f"in group {name!r}", "a group has only 'hosts', 'children' and 'vars'")
     group_vars[name] = _deep_merge(group_vars.get(name, {}), _mapping(node.get("vars"), f"{where}.vars"))
     lineage = (*parents, name)
     for host, hvars in _mapping(node.get("hosts"), f"{where}.hosts").items():
@@ -478,7 +541,7 @@ def load_inventory(path: str | Path) -> Inventory:
     for host in order:
         member_of = [g for g in groups if host in groups[g]]
         # precedence as in Ansible: all < other groups (sorted by depth then name) < host
-        merged: dict = {}
+        merged: dict = _Located()
         for g in ["all", *[g for g in member_of if g != "all"]]:
             merged = _deep_merge(merged, _vars_file(gv_dir, g))
             merged = _deep_merge(merged, group_vars.get(g, {}))
@@ -497,12 +560,111 @@ def _resolve_local(directory: Path, value: Any) -> Any:
     return p if p.is_absolute() else (directory / p).resolve()
 
 
+# --------------------------------------------------------------------------- every key acts or is refused
+
+# settings that map names to one model's fields
+_KEYED: dict[tuple[type[BaseModel], str], type[BaseModel]] = {
+    (HostSettings, "profiles"): Profile,
+    (WatchSettings, "rules"): WatchRules,
+}
+# keys inventories used to accept that never acted: refused with the reason
+_REMOVED: dict[tuple[str, ...], str] = {
+    ("drafter", "name"): "nothing ever read it (the served name is opsctl.model.name); delete the line",
+}
+_SSH_FIX = ("SSH facts are Ansible's variables beside opsctl:, not under it (ansible_host, ansible_user, "
+            "ansible_port, ansible_ssh_private_key_file); under opsctl: only ssh_known_hosts and ssh_strict_host_keys")
+
+
+def _submodel(model: type[BaseModel], key: Any) -> type[BaseModel] | None:
+    field = model.model_fields.get(key) if isinstance(key, str) else None
+    ann = field.annotation if field is not None else None
+    return ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+
+
+def _settable(model: type[BaseModel]) -> list[str]:
+    # a profile's name is its key under opsctl.profiles, never a setting
+    return [f for f in model.model_fields if not (model is Profile and f == "name")]
+
+
+def _check_keys(data: Any, model: type[BaseModel], path: tuple[str, ...], head: "_Head") -> None:
+    """Every key of `data` (the settings for `model` at opsctl.<path>) is one of the
+    model's fields, at every level; a mapping of the wrong type is left to the model."""
+    if not isinstance(data, dict):
+        return
+    known = _settable(model)
+    for key in data:
+        if key not in known:
+            raise _unknown_key(data, key, known, path, model, head)
+    for key, value in data.items():
+        sub = _submodel(model, key)
+        if sub is not None:
+            _check_keys(value, sub, (*path, key), head)
+        elif (model, key) in _KEYED and isinstance(value, dict):
+            for name, entry in value.items():
+                _check_keys(entry, _KEYED[(model, key)], (*path, key, str(name)), head)
+
+
+def _unknown_key(data: dict, key: Any, known: list[str], path: tuple[str, ...], model: type[BaseModel],
+                 head: "_Head") -> ConfigError:
+    import difflib
+
+    dotted = ".".join(("opsctl", *path, str(key)))
+    at = head.at(getattr(data, "where", {}).get(key))
+    if (*path, str(key)) in _REMOVED:
+        return ConfigError(f"{at}: {dotted} is not a setting (it never acted)", _REMOVED[(*path, str(key))])
+    if model is Profile and key == "name":
+        return ConfigError(f"{at}: {dotted}: a profile's name is its key under opsctl.profiles, not a setting",
+                           "delete the name: line (rename the key to rename the profile)")
+    close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+    problem = f"{at}: unknown key {dotted}" + (f": did you mean {close[0]!r}?" if close else "")
+    if close:
+        fix = f"rename it to {close[0]!r}"
+    elif not path and (str(key) == "ssh" or str(key).startswith("ansible_")):
+        fix = _SSH_FIX
+    else:
+        fix = f"{'.'.join(('opsctl', *path))} takes only: {', '.join(known)}"
+    return ConfigError(problem, fix)
+
+
+class _Head:
+    """How a host's errors begin: `file:line: host NAME` where the line is known,
+    else `DIR: host NAME`."""
+
+    def __init__(self, directory: Path, host: str, data: Any):
+        self.directory, self.host, self.data = directory, host, data
+
+    def at(self, where: str | None) -> str:
+        return f"{where or self.directory}: host {self.host}"
+
+    def of(self, *loc: Any) -> str:
+        return self.at(_where(self.data, loc))
+
+    def invalid(self, exc: ValidationError, prefix: tuple, fix: str) -> ConfigError:
+        """A model's first error under opsctl.<prefix>, at the line that set it."""
+        err = exc.errors()[0]
+        inner = getattr((err.get("ctx") or {}).get("error"), "loc", ())  # a _NestedError's own setting
+        loc = (*prefix, *err["loc"])
+        at = self.of(*loc, *inner)
+        dotted = ".".join(str(p) for p in loc)
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "missing":
+            return ConfigError(f"{at}: opsctl: missing required setting {dotted}", fix)
+        if _where(self.data, (*loc, *inner)) is not None:
+            fix = "correct the value on that line"
+        return ConfigError(f"{at}: opsctl.{dotted}: {msg}" if dotted else f"{at}: opsctl: {msg}", fix)
+
+
+_SSH_VARS = {"address": "ansible_host", "user": "ansible_user", "port": "ansible_port",
+             "key_file": "ansible_ssh_private_key_file"}
+
+
 def _host_config(name: str, groups: tuple[str, ...], merged: dict, directory: Path) -> HostConfig:
-    settings = _mapping(merged.get("opsctl"), f"host {name}: opsctl")
-    where = f"{directory}: host {name}"
+    raw = _mapping(merged.get("opsctl"), f"host {name}: opsctl")
+    head = _Head(directory, name, raw)
     fix = f"set it in {directory}/group_vars/all.yml or {directory}/host_vars/{name}.yml"
+    _check_keys(raw, HostSettings, (), head)
+    settings = dict(raw)
     try:
-        settings = dict(settings)
         for section, key in (("drafter", "source"), ("runtime", "wheelhouse"), ("runtime", "runtime_wheel"),
                              ("runtime", "runtime_source")):
             sec = settings.get(section)
@@ -511,33 +673,66 @@ def _host_config(name: str, groups: tuple[str, ...], merged: dict, directory: Pa
         for key in ("ssh_known_hosts", "secrets_file"):
             if key in settings:
                 settings[key] = _resolve_local(directory, settings[key])
-        parsed = HostSettings(**settings)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{head.at(None)}: {exc}", fix) from None
+    if isinstance(settings.get("gate"), dict):
+        try:
+            settings["gate"] = GatePolicy.model_validate(settings["gate"])
+        except ValidationError as exc:
+            raise head.invalid(exc, ("gate",), "fix the gate policy (opsctl.gate) on that line") from None
+        except ConfigError as exc:  # the workload mix (opsctl/bench/workloads.py)
+            raise ConfigError(f"{head.of('gate', 'workloads')}: opsctl.gate.workloads: {exc.problem}",
+                              exc.fix) from None
+    try:
+        parsed = HostSettings.model_validate(settings)
+    except ValidationError as exc:
+        raise head.invalid(exc, (), fix) from None
+    try:
         ssh = SSHSettings.from_inventory(
             name, merged, key_file=_resolve_local(directory, merged.get("ansible_ssh_private_key_file")),
             known_hosts=parsed.ssh_known_hosts, strict_host_keys=parsed.ssh_strict_host_keys,
-            jump_host=parsed.ssh_jump_host, where=where)
-        host = HostConfig(name=name, groups=groups, ssh=ssh, settings=parsed)
+            jump_host=parsed.ssh_jump_host, where=head.at(None))
     except ValidationError as exc:
-        raise ConfigError(f"{where}: opsctl.{_first_error(exc)}", fix) from None
+        err = exc.errors()[0]
+        var = _SSH_VARS.get(str(err["loc"][0]) if err["loc"] else "", "ssh")
+        at = head.at(getattr(merged, "where", {}).get(var))
+        raise ConfigError(f"{at}: {var}: {err['msg']}", f"fix {var} in {directory}/hosts.yml or host_vars/") from None
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: {exc}", fix) from None
+        raise ConfigError(f"{head.at(None)}: {exc}", fix) from None
+    host = HostConfig(name=name, groups=groups, ssh=ssh, settings=parsed)
+    known = profile_names(parsed.profiles)
     # profile overrides are validated now, not at deploy time
     for pname in parsed.profiles:
         data = {**BUILTIN_PROFILES.get(pname, {}), **parsed.profiles[pname]}
+        if pname not in BUILTIN_PROFILES and "kind" not in data:
+            import difflib
+
+            close = difflib.get_close_matches(pname, list(BUILTIN_PROFILES), n=1, cutoff=0.6)
+            raise ConfigError(f"{head.of('profiles', pname)}: opsctl.profiles.{pname}: not a built-in profile"
+                              + (f": did you mean {close[0]!r}?" if close else " and no kind given"),
+                              f"rename it to {close[0]!r}" if close else
+                              f"override one of {', '.join(BUILTIN_PROFILES)}, or give a new profile a kind "
+                              "(autoregressive, dflash, ddtree)")
         if data.get("kind") == "ddtree" and "budget" not in data:
             data["budget"] = 1  # budget comes from the CLI; validate the rest
         try:
-            Profile(name=pname, **{k: v for k, v in data.items() if k != "name"})
+            Profile(name=pname, **data)
         except ValidationError as exc:
-            raise ConfigError(f"{where}: opsctl.profiles.{pname}: {_first_error(exc)}", fix) from None
-    if parsed.baseline_profile not in profile_names(parsed.profiles):
-        raise ConfigError(f"{where}: baseline_profile {parsed.baseline_profile!r} is not a known profile",
-                          f"use one of: {', '.join(profile_names(parsed.profiles))}")
-    unknown_rules = set(parsed.watch.rules) - set(profile_names(parsed.profiles))
+            raise head.invalid(exc, ("profiles", pname), fix) from None
+    if parsed.baseline_profile not in known:
+        raise ConfigError(f"{head.of('baseline_profile')}: baseline_profile {parsed.baseline_profile!r} "
+                          "is not a known profile", f"use one of: {', '.join(known)}")
+    unknown_rules = sorted(set(parsed.watch.rules) - set(known))
     if unknown_rules:
-        raise ConfigError(f"{where}: opsctl.watch.rules: unknown profile(s) {', '.join(sorted(unknown_rules))}",
-                          f"use one of: {', '.join(profile_names(parsed.profiles))}")
-    if resolve_profile(parsed.baseline_profile, overrides=parsed.profiles).kind != "autoregressive":
-        raise ConfigError(f"{where}: baseline_profile {parsed.baseline_profile!r} is not autoregressive",
+        import difflib
+
+        close = difflib.get_close_matches(unknown_rules[0], known, n=1, cutoff=0.6)
+        raise ConfigError(f"{head.of('watch', 'rules', unknown_rules[0])}: opsctl.watch.rules: unknown profile(s) "
+                          f"{', '.join(unknown_rules)}" + (f": did you mean {close[0]!r}?" if close else ""),
+                          f"use one of: {', '.join(known)}")
+    baseline = {**BUILTIN_PROFILES.get(parsed.baseline_profile, {}), **parsed.profiles.get(parsed.baseline_profile, {})}
+    if baseline.get("kind") != "autoregressive":
+        raise ConfigError(f"{head.of('baseline_profile')}: baseline_profile {parsed.baseline_profile!r} "
+                          "is not autoregressive",
                           "the rollback baseline must be ar-tp8, ar-ep8 or another autoregressive profile")
     return host

@@ -14,7 +14,7 @@ floor, each with its own reason.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Literal
+from typing import Annotated, Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -28,7 +28,10 @@ _RANK = {"pass": 0, "marginal": 1, "inconclusive": 2, "fail": 3}
 
 class GatePolicy(BaseModel):
     """What a release must show against the baseline. Each inventory may override
-    any field under `opsctl.gate:`.
+    any field under `opsctl.gate:`; the loader validates it with the rest of the
+    inventory (an unknown key, a wrong type or an out-of-range value is refused with
+    its file:line). A profile's `accept_len_floor` overrides `accept_length_floor`
+    for its kind (`HostConfig.gate_policy(profile)`).
 
     `concurrency` is the smoke bench's levels: small defaults (1, 4, 16) keep the
     bench inside a deploy short (about a minute on the site's host). List the
@@ -41,7 +44,7 @@ class GatePolicy(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # --- the smoke bench
-    concurrency: list[int] = Field(default_factory=lambda: [1, 4, 16])
+    concurrency: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1, 4, 16], min_length=1)
     input_len: int = Field(128, ge=1)
     output_len: int = Field(128, ge=1, description="output tokens per request at most (a dataset request's own "
                                                    "answer length when shorter)")

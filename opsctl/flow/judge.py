@@ -26,7 +26,7 @@ from opsctl.releases import append_ledger
 def bench_and_judge(conn: Connection, host: HostConfig, profile: Profile, release: str, steps: Steps) -> GateOutcome:
     """Bench the new release on the host and judge it against the stored baseline.
     A baseline profile benched on a host with no baseline becomes that baseline."""
-    policy = host.gate_policy()
+    policy = host.gate_policy(profile)
     t0 = steps.start("bench", f"levels {','.join(map(str, policy.concurrency))}, {policy.repeats} repeat(s)")
     meta = {"release": release, "profile": profile.label, "kind": profile.kind}
     is_baseline_kind = profile.kind == "autoregressive"
