@@ -179,14 +179,15 @@ def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None,
 
     inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
     host = inv.single(limit)
-    policy = host.gate_policy()
+    profiles = {b: host.profile(profile_name, b) for b in budgets}  # bad budgets before any host I/O
+    # the profile's accept-length floor (one per profile name, whatever the budget) judges every trial
+    policy = host.gate_policy(next(iter(profiles.values()), None))
     update: dict[str, Any] = {}
     if concurrency:
         update["concurrency"] = sorted(set(concurrency))
     if workload:
         update["workloads"] = parse_mix(workload)
     policy = policy.model_copy(update=update)
-    profiles = {b: host.profile(profile_name, b) for b in budgets}  # bad budgets before any host I/O
     WorkloadSet.load(policy.workloads)
     emit = progress or noop
     steps = Steps(progress, host.name)

@@ -257,7 +257,7 @@ def test_the_profile_floor_fails_a_release_the_kind_floor_would_pass(inv):
 
 
 def test_bench_and_judge_asks_for_the_profiles_policy(inv, monkeypatch):
-    from opsctl import gating
+    from opsctl.flow import judge
 
     host = load_inventory(inv).hosts["lab"]
     profile = host.profile("ddtree", 16)
@@ -272,7 +272,7 @@ def test_bench_and_judge_asks_for_the_profiles_policy(inv, monkeypatch):
 
     monkeypatch.setattr(HostConfig, "gate_policy", fake)
     with pytest.raises(Stop):
-        gating.bench_and_judge(None, host, profile, "r1", None)
+        judge.bench_and_judge(None, host, profile, "r1", None)
     assert seen == [profile]
 
 
