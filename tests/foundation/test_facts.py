@@ -1,0 +1,120 @@
+"""Host facts (opsctl/host/facts.py): each command's captured output parses to what the
+flow, status and the checks act on; gather() asks several in one round trip and keeps
+their outputs apart; the commands themselves run in a real shell."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from opsctl.errors import HostError
+from opsctl.host import facts
+from opsctl.host.connection import LocalConnection, Result
+
+
+class Recorder:
+    """A Connection that answers one command with canned output and records what was asked."""
+
+    def __init__(self, stdout: str):
+        self.stdout = stdout
+        self.commands: list[str] = []
+
+    def run(self, command: str, check: bool = False, timeout: float = 60, **_):
+        self.commands.append(command)
+        return Result(command, 0, self.stdout)
+
+
+SYSTEMCTL_SHOW = ("ActiveState=activating\nSubState=start\nNRestarts=0\nMainPID=4242\nResult=success\n"
+                  "ActiveEnterTimestamp=\nUnitFileState=enabled\nInvocationID=5f1e\n")
+
+
+def test_service_state_reads_systemctl_show():
+    state = facts.ServiceState("sglang-k26.service").process(SYSTEMCTL_SHOW)
+    assert state["ActiveState"] == "activating" and state["MainPID"] == "4242" and state["ActiveEnterTimestamp"] == ""
+    assert "-p NRestarts" in facts.ServiceState("sglang-k26.service").command()
+
+
+@pytest.mark.parametrize("out,want", [("1796125239\n", 1796125239), ("", None), ("n/a\n", None)])
+def test_service_start_epoch(out, want):
+    assert facts.ServiceStartEpoch("u").process(out) == want
+
+
+@pytest.mark.parametrize("out,want", [("200\n", 200), ("503\n", 503), ("0\n", 0), ("", 0), ("Traceback\n", 0)])
+def test_health_code(out, want):
+    assert facts.HealthCode("/usr/bin/python3", 30000).process(out) == want
+
+
+def test_ready_lines_counts_and_names_the_window():
+    fact = facts.ReadyLines("sglang-k26.service", 1796125239)
+    assert "--since @1796125239" in fact.command() and "fired up and ready to roll" in fact.command()
+    assert fact.process("2\n") == 2 and fact.process("") == 0
+
+
+def test_journal_window_parses_entries_and_refuses_a_failed_journalctl():
+    entry = {"MESSAGE": "The server is fired up and ready to roll!", "__REALTIME_TIMESTAMP": "1796125239000000",
+             "_PID": "4242", "SYSLOG_IDENTIFIER": "sglang-k26"}
+    got = facts.JournalWindow("u", 1).process(json.dumps(entry) + "\n#rc=0\n")
+    assert len(got) == 1 and "ready to roll" in str(got[0])
+    with pytest.raises(HostError) as exc:
+        facts.JournalWindow("u", 1).process("Failed to add filter\n#rc=1\n")
+    assert "journalctl for u failed (exit 1)" in exc.value.problem
+
+
+def test_start_journal_of_this_invocation():
+    out = "INV=5f1e\nLINES=120\nREADY=1\nFAIL Capture cuda graph failed: CUDA error: out of memory\n"
+    got = facts.StartJournal("u").process(out)
+    assert got == {"invocation": "5f1e", "lines": 120, "ready": 1,
+                   "failures": ["Capture cuda graph failed: CUDA error: out of memory"]}
+    assert facts.StartJournal("u").process("INV=\n")["invocation"] == ""
+
+
+def test_ledger_records_skip_and_report_bad_lines():
+    text = '{"action": "promote", "result": "ok"}\n{"action": "rol\n[1, 2]\n\n{"action": "rollback"}\n'
+    records, problems = facts.LedgerRecords("/opt/opsctl").process(text)
+    assert [r["action"] for r in records] == ["promote", "rollback"]
+    assert problems[0].startswith("line 2: not JSON") and problems[1].startswith("line 3: not a record (a JSON list)")
+
+
+def test_current_release_and_manifests():
+    assert facts.CurrentRelease("/opt/opsctl").process("releases/ddtree-b16-abc\n") == "ddtree-b16-abc"
+    assert facts.CurrentRelease("/opt/opsctl").process("") is None
+    got = facts.ReleaseManifests("/opt/opsctl").process('ar-tp8-1 {"id": "ar-tp8-1"}\nbroken {not json\n')
+    assert got == {"ar-tp8-1": {"id": "ar-tp8-1"}}
+
+
+def test_gpus_and_gpu_processes_from_nvidia_smi():
+    gpus = facts.Gpus().process("0, GPU-a, NVIDIA RTX PRO 6000 Blackwell, Workstation Edition, 97887, 512, 580.95.05\n")
+    assert gpus[0].name == "NVIDIA RTX PRO 6000 Blackwell, Workstation Edition" and gpus[0].total_mib == 97887
+    with pytest.raises(ValueError):
+        facts.Gpus().process("0, GPU-a\n")
+    apps = facts.GpuProcesses().process("4242, GPU-a, 81234\n4243, GPU-b, [N/A]\nNo running processes found\n")
+    assert [(a.pid, a.used_mib) for a in apps] == [(4242, 81234), (4243, 0)]
+
+
+def test_gather_asks_once_and_keeps_each_output_apart():
+    out = ("ActiveState=active\nMainPID=7\n\n--opsctl-fact-0--\n"
+           "The server logged an error\nCUDA error: out of memory\n\n--opsctl-fact-1--\n"
+           "1\n\n--opsctl-fact-2--\n"
+           "200\n\n--opsctl-fact-3--\n")
+    conn = Recorder(out)
+    state, causes, ready, code = facts.gather(conn, facts.ServiceState("u"), facts.CauseLines("u", 5),
+                                              facts.ReadyLines("u", 5), facts.HealthCode("python3", 30000))
+    assert len(conn.commands) == 1
+    assert state["MainPID"] == "7" and causes[-1] == "CUDA error: out of memory" and ready == 1 and code == 200
+
+
+def test_gather_in_a_real_shell_isolates_each_command(tmp_path):
+    # a fact that cds must not move the next one; a failing one must not stop the rest
+    root = tmp_path / "root"
+    (root / "releases" / "r1").mkdir(parents=True)
+    (root / "releases" / "r1" / "manifest.json").write_text('{"id": "r1"}\n')
+    (root / "current").symlink_to("releases/r1")
+    (root / "ledger.jsonl").write_text('{"action": "promote"}\n')
+    conn = LocalConnection()
+    current, manifests, (records, problems), free, missing = facts.gather(
+        conn, facts.CurrentRelease(str(root)), facts.ReleaseManifests(str(root)), facts.LedgerRecords(str(root)),
+        facts.DiskFree(str(root / "not" / "yet")), facts.CurrentRelease(str(tmp_path / "nothing")))
+    assert current == "r1" and manifests == {"r1": {"id": "r1"}}
+    assert records == [{"action": "promote"}] and problems == []
+    assert isinstance(free, int) and free > 0
+    assert missing is None
