@@ -15,7 +15,7 @@ from pathlib import PurePosixPath
 from typing import Any, Generic, TypeVar
 
 from opsctl.errors import HostError
-from opsctl.host.connection import Connection
+from opsctl.host.connection import Connection, Result
 from opsctl.journal import READY_LINE, load_entries_json
 
 T = TypeVar("T")
@@ -30,9 +30,14 @@ class Fact(Generic[T]):
     def process(self, stdout: str) -> T:  # pragma: no cover - every fact defines it
         raise NotImplementedError
 
+    def check(self, result: Result) -> None:
+        """A fact whose command must succeed raises here (most facts read a failure as 'none')."""
+
 
 def get(conn: Connection, fact: Fact[T], *, timeout: float = 60) -> T:
-    return fact.process(conn.run(fact.command(), check=False, timeout=timeout).stdout)
+    res = conn.run(fact.command(), check=False, timeout=timeout)
+    fact.check(res)
+    return fact.process(res.stdout)
 
 
 _MARK = "--opsctl-fact-{n}--"
@@ -153,6 +158,9 @@ class CauseLines(Fact[list]):
         return [line for line in stdout.splitlines() if line.strip()]
 
 
+_JOURNAL_FIX = "check the unit name and that the login user may read the journal (root or systemd-journal group)"
+
+
 @dataclass(frozen=True)
 class JournalWindow(Fact[list]):
     """The unit's journal entries since `since` (epoch seconds or any `journalctl --since`
@@ -165,12 +173,20 @@ class JournalWindow(Fact[list]):
         return (f"journalctl -u {shlex.quote(self.unit)} -o json --since {shlex.quote(_since(self.since))} "
                 f"--no-pager; echo \"#rc=$?\"")
 
+    def check(self, result: Result) -> None:
+        rc = result.stdout.rstrip("\n").rpartition("#rc=")[2].strip() if "#rc=" in result.stdout else str(result.rc)
+        if rc != "0":
+            tail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or [""]
+            raise HostError(f"journalctl for {self.unit} failed on {result.host or 'the host'} (exit {rc}): "
+                            f"{tail[0][:300]}", _JOURNAL_FIX)
+
     def process(self, stdout: str) -> list[dict]:
-        body, _, rc = stdout.rstrip("\n").rpartition("#rc=")
-        if rc.strip() not in ("", "0"):
+        body, mark, rc = stdout.rstrip("\n").rpartition("#rc=")
+        if not mark:
+            body, rc = stdout, "0"
+        if rc.strip() != "0":
             raise HostError(f"journalctl for {self.unit} failed (exit {rc.strip()}): {body.strip()[-300:]}",
-                            "check the unit name and that the login user may read the journal (root or "
-                            "systemd-journal group)")
+                            _JOURNAL_FIX)
         try:
             return load_entries_json(body)
         except ValueError as exc:

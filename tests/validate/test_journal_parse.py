@@ -6,6 +6,7 @@ import json
 import pytest
 
 from opsctl import journal
+from opsctl.host import facts
 from opsctl.errors import ConfigError, HostError
 from opsctl.host.connection import Result
 from validate_lines import DATA, SITE_LINES, begin, decode_line, end
@@ -309,21 +310,22 @@ class FakeConnection:
         return self.result
 
 
-def test_read_journal_runs_journalctl_json_and_parses():
+def test_journal_window_runs_journalctl_json_and_parses():
     out = "\n".join(json.dumps({"MESSAGE": m, "_PID": "9"}) for m in [begin("target verify", 17), end("target verify")])
     conn = FakeConnection(Result("journalctl", 0, out + "\n", "", 0.1, "lab"))
-    entries = journal.read_journal(conn, "sglang-k26.service", "2026-05-30 00:20:00")
-    assert conn.commands[0][0] == ("journalctl -u sglang-k26.service -o json --since '2026-05-30 00:20:00' --no-pager")
+    entries = facts.get(conn, facts.JournalWindow("sglang-k26.service", "2026-05-30 00:20:00"))
+    assert conn.commands[0][0].startswith("journalctl -u sglang-k26.service -o json --since '2026-05-30 00:20:00' "
+                                          "--no-pager")
     assert only_capture(journal.parse(entries)).complete
 
 
-def test_read_journal_failure_is_a_host_error():
+def test_journal_window_failure_is_a_host_error():
     conn = FakeConnection(Result("journalctl", 1, "", "Failed to add filter for units: No data available", 0.1, "lab"))
     with pytest.raises(HostError, match="journalctl for u.service failed on lab"):
-        journal.read_journal(conn, "u.service", "today")
+        facts.get(conn, facts.JournalWindow("u.service", "today"))
 
 
-def test_read_journal_accepts_epoch_seconds():
+def test_journal_window_accepts_epoch_seconds():
     conn = FakeConnection(Result("journalctl", 0, "", "", 0.1, "lab"))
-    assert journal.read_journal(conn, "u.service", 1780100400) == []
+    assert facts.get(conn, facts.JournalWindow("u.service", 1780100400)) == []
     assert "--since @1780100400 " in conn.commands[0][0]
