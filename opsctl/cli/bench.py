@@ -229,7 +229,7 @@ def register(app: typer.Typer) -> None:
             shown = 0  # rounds: a level runs until its interval is decided or the cap
             with _LevelProgress(shown) as prog:
                 res = bench_live(inv_loaded, limit=limit, overrides=overrides,
-                                 prompt_file=prompt_file, save_baseline=save_baseline, on_host=not on_controller,
+                                 prompt_file=prompt_file, save_baseline_run=save_baseline, on_host=not on_controller,
                                  progress=prog)
             runs = res if isinstance(res, dict) else {str(res.meta.get("host", "host")): res}
         written = []
