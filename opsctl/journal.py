@@ -44,7 +44,7 @@ FailureKind = Literal["capture_failed", "cuda_oom", "kv_alloc_failed", "tracebac
 
 # SGLang's ready line (srt/entrypoints/http_server.py), the one definition in opsctl: import it from here
 READY_LINE = "The server is fired up and ready to roll!"
-READY_TEXT = READY_LINE  # the name opsctl.checks.plugin imports
+READY_TEXT = READY_LINE  # the earlier name of the same line
 
 
 # --------------------------------------------------------------------------- records

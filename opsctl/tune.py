@@ -167,17 +167,16 @@ def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None,
          limit: str | None = None, profile_name: str = "ddtree", progress: Callable[[dict], None] | None = None,
          report_dir: Path | None = None) -> TuneResult:
     from opsctl.bench.workloads import WorkloadSet, parse_mix
-    from opsctl.config import Inventory, load_inventory
     from opsctl.flow.bench import load_baseline, measure, require_baseline
     from opsctl.flow.deploy import deploy_one
     from opsctl.flow.promote import fallback_release
     from opsctl.flow.ready import wait_ready
-    from opsctl.flow.steps import Steps, noop
+    from opsctl.flow.steps import Steps, as_inventory, noop
     from opsctl.flow.switch import disarm_guard, switch
     from opsctl.host.connection import connect
     from opsctl.releases import HostLock, append_ledger, read_state, release_profile
 
-    inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
+    inv = as_inventory(inventory)
     host = inv.single(limit)
     profiles = {b: host.profile(profile_name, b) for b in budgets}  # bad budgets before any host I/O
     # the profile's accept-length floor (one per profile name, whatever the budget) judges every trial

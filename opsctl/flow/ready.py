@@ -12,6 +12,7 @@ from opsctl.flow.steps import Steps
 from opsctl.host import facts
 from opsctl.host.connection import Connection
 
+
 @dataclass
 class Ready:
     seconds: float
@@ -33,7 +34,6 @@ def wait_ready(conn: Connection, host: HostConfig, profile: Profile, since: int,
         restarts, pid = props.get("NRestarts", "0"), props.get("MainPID", "0")
         cause = journal.first_cause(causes)
         error_line = cause[1] if cause else ""
-        code = str(health)
         if pid not in ("", "0"):
             if first_pid is None:
                 first_pid = pid
@@ -50,10 +50,10 @@ def wait_ready(conn: Connection, host: HostConfig, profile: Profile, since: int,
                 (first_pid is not None and pid in ("", "0") and active != "activating"):
             raise _start_failed(host, f"the server exited during startup ({active}/{sub})"
                                 + (f": {error_line}" if error_line else ""), steps, t0)
-        if ready_lines > 0 and code == "200":
+        if ready_lines > 0 and health == 200:
             steps.done("ready", t0, f"ready in {time.monotonic() - t0:.1f}s (pid {pid})")
             return Ready(time.monotonic() - t0, pid)
-        last = f"{active}/{sub}, ready line {'seen' if ready_lines else 'not seen'}, /health_generate {code or '-'}"
+        last = f"{active}/{sub}, ready line {'seen' if ready_lines else 'not seen'}, /health_generate {health}"
         if time.monotonic() > deadline:
             raise _start_failed(host, f"not ready within {profile.readiness_timeout_s} s: the server was still "
                                 f"starting ({last})" + (f"; last error line: {error_line}" if error_line else ""),

@@ -50,9 +50,8 @@ def gather(conn: Connection, *facts: Fact, timeout: float = 60) -> tuple:
     values = []
     for i, fact in enumerate(facts):
         mark = _MARK.format(n=i)
-        head, sep, out = out.partition(mark + "\n")
-        if not sep:  # the host cut the output short: what is there still parses
-            head, _, out = out.partition(mark)
+        head, _, out = out.partition(mark)  # no marker: the host cut the output short; what is there parses
+        out = out[1:] if out.startswith("\n") else out
         values.append(fact.process(head[:-1] if head.endswith("\n") else head))
     return tuple(values)
 
