@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Wall time of a 4-budget `opsctl tune ddtree` on the lab and how it splits (per trial:
 deploy = plan/stage/switch/ready/validate, bench; then the restore). Also prints the tune's
-findings (best budget per level, schedule, recommendation).
+findings (best budget per level, schedule, recommendation) and, per level, the budget
+schedule's trial against the best single budget and the baseline.
 
 Needs root and the lab (takes its session lock; boots it if down and takes it down again).
 About 5 minutes.
@@ -72,14 +73,28 @@ def main(argv=None) -> int:
         cells = []
         for c in res["levels"]:
             lv = t["levels"].get(str(c))
-            cells.append("-" if not lv else f"{lv['tok_s']:.1f} ({(lv['speedup'] - 1) * 100:+.0f} %)")
-        print(f"| {t['budget']} | {t['status'][:40]} | {t['deploy_s']:.1f} | {t['bench_s']:.1f} | " + " | ".join(cells)
+            cells.append("-" if not lv else f"{lv['tok_s']:.1f} ({(lv['speedup'] - 1) * 100:+.0f} % "
+                         f"[{(lv['low'] - 1) * 100:+.0f}, {(lv['high'] - 1) * 100:+.0f}])")
+        name = f"schedule {t['schedule']}" if t.get("schedule") else t["budget"]
+        print(f"| {name} | {t['status'][:40]} | {t['deploy_s']:.1f} | {t['bench_s']:.1f} | " + " | ".join(cells)
               + " |")
     deploy = sum(t["deploy_s"] for t in res["trials"])
     bench = sum(t["bench_s"] for t in res["trials"])
     print(f"\nsplit: deploy {deploy:.1f} s, bench {bench:.1f} s, restore {res['restore_s']:.1f} s, "
           f"other (plan, baseline read, report) {wall - deploy - bench - res['restore_s']:.1f} s")
     print(f"best per level: {res['best']}; schedule {res['schedule']}; {res['reason']}")
+    sched = next((t for t in res["trials"] if t.get("schedule") and t["status"] == "measured"), None)
+    singles = [t for t in res["trials"] if not t.get("schedule") and t["status"] == "measured"]
+    if sched and singles:
+        print(f"\n| level | schedule {sched['schedule']} tok/s | best single budget tok/s | schedule / best single "
+              "| schedule / baseline |")
+        print("|---:|---:|---:|---:|---:|")
+        for c in res["levels"]:
+            k = str(c)
+            best = max(singles, key=lambda t: t["levels"][k]["tok_s"])
+            s_tok, b_tok = sched["levels"][k]["tok_s"], best["levels"][k]["tok_s"]
+            print(f"| C={c} | {s_tok:.1f} | {b_tok:.1f} (budget {best['budget']}) | {s_tok / b_tok:.2f} | "
+                  f"{s_tok / res['baseline_tok_s'][k]:.2f} |")
     return 0
 
 

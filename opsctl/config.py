@@ -18,6 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from opsctl import schedule as schedule_mod
 from opsctl.errors import ConfigError
 from opsctl.gates import GatePolicy  # gates.py imports nothing from config (no cycle)
 from opsctl.host.ssh import SSHSettings
@@ -63,6 +64,10 @@ class Profile(_Strict):
     readiness_timeout_s: int = Field(1800, ge=5)
     accept_len_floor: float | None = Field(None, ge=1.0, description="this profile's accept-length floor in the "
                                            "bench gate and the watch (over the gate's floor for its kind)")
+    budget_schedule: str | None = Field(None, description="DDTree budget by running batch size, "
+                                        "'1:32,8:16,32:8,64:0' (opsctl/schedule.py); budget is its largest")
+    tree_torch_fallback: bool = Field(False, description="allow schedule budgets above the fused tree kernel's "
+                                      "64 (the runtime then builds those trees with the slower torch beam)")
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
 
@@ -74,6 +79,13 @@ class Profile(_Strict):
             raise ValueError(f"profile {self.name}: a ddtree profile needs a budget")
         if self.kind != "ddtree" and self.budget is not None:
             raise ValueError(f"profile {self.name}: budget only applies to ddtree profiles")
+        if self.budget_schedule is not None:
+            if self.kind != "ddtree":
+                raise ValueError(f"profile {self.name}: budget_schedule only applies to ddtree profiles")
+            sched = schedule_mod.parse(self.budget_schedule, what="budget_schedule")
+            if self.budget != sched.max_budget:
+                raise ValueError(f"profile {self.name}: budget {self.budget} is not the schedule's largest "
+                                 f"({sched.max_budget}); the server is sized for the widest band")
         if self.kind == "autoregressive" and self.accept_len_floor is not None:
             raise ValueError(f"profile {self.name}: accept_len_floor only applies to speculative profiles "
                              "(an autoregressive server reports no accept length)")
@@ -94,15 +106,27 @@ class Profile(_Strict):
         return 1
 
     @property
+    def schedule(self) -> "schedule_mod.BudgetSchedule | None":
+        return schedule_mod.parse(self.budget_schedule) if self.budget_schedule else None
+
+    @property
+    def captured_batch_sizes(self) -> list[int]:
+        return schedule_mod.captured_batch_sizes(self.cuda_graph_max_bs, self.max_running_requests)
+
+    @property
     def effective_max_concurrency(self) -> int:
         return self.max_concurrency or self.cuda_graph_max_bs
 
     @property
     def label(self) -> str:
+        if self.budget_schedule:
+            return f"{self.name} --budget-schedule {self.budget_schedule}"
         return f"{self.name} --budget {self.budget}" if self.kind == "ddtree" else self.name
 
     @property
     def slug(self) -> str:
+        if self.budget_schedule:  # 1:32,8:16 -> s1b32-8b16
+            return f"{self.name}-s" + "-".join(p.replace(":", "b") for p in self.budget_schedule.split(","))
         return f"{self.name}-b{self.budget}" if self.kind == "ddtree" else self.name
 
 
@@ -315,8 +339,8 @@ class HostConfig(_Strict):
                 **policy.accept_length_floor, profile.kind: profile.accept_len_floor}})
         return policy
 
-    def profile(self, name: str, budget: int | None = None) -> Profile:
-        return resolve_profile(name, budget, overrides=self.settings.profiles)
+    def profile(self, name: str, budget: int | None = None, budget_schedule: str | None = None) -> Profile:
+        return resolve_profile(name, budget, overrides=self.settings.profiles, budget_schedule=budget_schedule)
 
 
 class Inventory(BaseModel):
@@ -363,8 +387,11 @@ def profile_names(overrides: dict[str, dict[str, Any]] | None = None) -> list[st
 
 
 def resolve_profile(name: str, budget: int | None = None, *,
-                    overrides: dict[str, dict[str, Any]] | None = None) -> Profile:
-    """Built-in profile `name`, with the inventory's overrides and the CLI budget applied."""
+                    overrides: dict[str, dict[str, Any]] | None = None,
+                    budget_schedule: str | None = None) -> Profile:
+    """Built-in profile `name`, with the inventory's overrides and the CLI budget (or
+    budget schedule) applied. A schedule is checked against the batch sizes the server
+    will capture, so a band that could never run is refused here, before any host I/O."""
     overrides = overrides or {}
     if name not in BUILTIN_PROFILES and name not in overrides:
         import difflib
@@ -375,24 +402,44 @@ def resolve_profile(name: str, budget: int | None = None, *,
                           f"use one of: {', '.join(known)}")
     data: dict[str, Any] = {**BUILTIN_PROFILES.get(name, {}), **overrides.get(name, {}), "name": name}
     kind = data.get("kind")
-    if budget is not None and kind != "ddtree":
-        raise ConfigError(f"--budget applies only to ddtree profiles, not {name!r} ({kind})",
-                          f"drop --budget, or deploy 'ddtree --budget {budget}'")
+    if budget is not None and budget_schedule is not None:
+        raise ConfigError("--budget and --budget-schedule both given",
+                          "use one: --budget N is the one-band schedule 1:N")
+    for flag, value in (("--budget", budget), ("--budget-schedule", budget_schedule)):
+        if value is not None and kind != "ddtree":
+            raise ConfigError(f"{flag} applies only to ddtree profiles, not {name!r} ({kind})",
+                              f"drop {flag}, or deploy 'ddtree {flag} {value}'")
     if kind == "ddtree":
+        sched_text = budget_schedule
+        if sched_text is None and budget is None:
+            sched_text = data.get("budget_schedule")
+        if sched_text is not None:
+            what = "--budget-schedule" if budget_schedule is not None else f"opsctl.profiles.{name}.budget_schedule"
+            sched = schedule_mod.parse(str(sched_text), what=what)
+            data["budget_schedule"] = sched.text
+            budget = sched.max_budget
+        else:
+            data.pop("budget_schedule", None)
         if budget is None:
             budget = data.get("budget")
         if budget is None:
-            raise ConfigError(f"profile {name!r} needs --budget N (DDTree's node budget)",
+            raise ConfigError(f"profile {name!r} needs --budget N or --budget-schedule (DDTree's node budget)",
                               f"e.g. 'opsctl deploy {name} --budget 16'")
         if budget < 1 or budget > MAX_BUDGET:
             raise ConfigError(f"--budget {budget} is out of range: a DDTree budget is 1..{MAX_BUDGET} "
                               "nodes (verify width is budget + 1)", "use e.g. --budget 16")
         data["budget"] = budget
     try:
-        return Profile(**data)
+        prof = Profile(**data)
     except ValidationError as exc:
         raise ConfigError(f"profile {name!r}: {_first_error(exc)}",
                           "fix opsctl.profiles in the inventory's group_vars/host_vars") from None
+    sched = prof.schedule
+    if sched is not None:
+        schedule_mod.check_for_server(sched, capture_bs=prof.captured_batch_sizes,
+                                      allow_torch_beam=prof.tree_torch_fallback,
+                                      what="--budget-schedule" if budget_schedule is not None else "budget_schedule")
+    return prof
 
 
 # --------------------------------------------------------------------------- loading

@@ -200,12 +200,15 @@ def _threshold(delta: float, threshold: float, band: float) -> Status:
 
 
 def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = None, *, profile_kind: str,
-          canary_mismatch: Any = None, canary_ran: bool | None = None) -> Verdict:
+          canary_mismatch: Any = None, canary_ran: bool | None = None,
+          undrafted_levels: frozenset[int] = frozenset()) -> Verdict:
     """Judge `candidate` against `baseline` (all repeats; medians are compared).
 
     `canary_mismatch`: None when the greedy canary was identical (or not run), else
     the first divergence (`CanaryMismatch` or loadgen's dict). `canary_ran=False`
     says the canary was not run; a kind that requires it then fails.
+    `undrafted_levels`: levels a DDTree budget schedule serves in a budget-0 band (no
+    drafter, accept length 1 by design): the accept-length floor does not apply there.
     Raises ConfigError when the baseline cannot be compared (no common level, or
     no measurement at the speedup level): that is a missing baseline, not a bad
     release.
@@ -229,6 +232,10 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
     low_accept: list[tuple[int, float]] = []
     no_accept: list[int] = []
     for c in levels:
+        floor_c = None if c in undrafted_levels else floor
+        if floor is not None and c in undrafted_levels:
+            notes.append(f"C={c}: the budget schedule does not draft at this level (budget 0): "
+                         "no accept-length floor")
         b: BenchLevel | None = base_at.get(c)
         k: BenchLevel | None = cand_at.get(c)
         if b is None:
@@ -263,16 +270,16 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
                            f"(allowed {policy.max_errors})" + (f": {k.error_samples[0]}" if getattr(
                                k, "error_samples", None) else ""))
             st = "fail"
-        if floor is not None:
+        if floor_c is not None:
             acc = k.accept
             if acc is None:
                 if policy.require_accept_length:
                     no_accept.append(c)
                     st = "fail"
-            elif acc < floor:
+            elif acc < floor_c:
                 low_accept.append((c, acc))
                 st = "fail"
-        why = _why(st, delta, c, policy, k.accept, floor)
+        why = _why(st, delta, c, policy, k.accept, floor_c)
         conf = _confidence_level(c, candidate, baseline, policy)
         if conf is not None:
             # with request samples on both sides the interval decides, not the medians
@@ -293,8 +300,8 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
                 if w["status"] == "fail":
                     reasons.append(f"C={c}: {name} loses: {w['text']} (limit -{policy.max_regression * 100:.0f} %)")
                     decision = "fail"
-            st = _worst(_status_without_throughput(st, k, policy, floor), decision)
-            why = _why(st, delta, c, policy, k.accept, floor, interval=interval) if st == "pass" else \
+            st = _worst(_status_without_throughput(st, k, policy, floor_c), decision)
+            why = _why(st, delta, c, policy, k.accept, floor_c, interval=interval) if st == "pass" else \
                 f"{st} ({interval.pct()})"
         else:
             interval, per_workload = None, {}
@@ -442,17 +449,18 @@ def finalize(verdict: Verdict) -> Verdict:
 
 def judge_with_remeasure(measure: Callable[[], BenchRun], baseline: BenchRun, policy: GatePolicy | None = None, *,
                          profile_kind: str, canary_mismatch: Any = None, canary_ran: bool | None = None,
-                         first: BenchRun | None = None) -> tuple[Verdict, BenchRun]:
+                         first: BenchRun | None = None,
+                         undrafted_levels: frozenset[int] = frozenset()) -> tuple[Verdict, BenchRun]:
     """Measure (or take `first`), judge; if marginal, measure once more, judge
     the repeats of both runs together, and fail if still marginal. Returns the
     final verdict and the run it was judged on."""
     run = first if first is not None else measure()
     v = judge(run, baseline, policy, profile_kind=profile_kind, canary_mismatch=canary_mismatch,
-              canary_ran=canary_ran)
+              canary_ran=canary_ran, undrafted_levels=undrafted_levels)
     if next_action(v) != "remeasure":
         return v, run
     run = run.merged(measure())
     v2 = judge(run, baseline, policy, profile_kind=profile_kind, canary_mismatch=canary_mismatch,
-               canary_ran=canary_ran)
+               canary_ran=canary_ran, undrafted_levels=undrafted_levels)
     v2 = v2.model_copy(update={"attempts": 2, "notes": [*v2.notes, f"re-measured once after a {v.status} verdict"]})
     return finalize(v2), run

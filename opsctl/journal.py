@@ -228,6 +228,23 @@ class UnitEvent:
     line: LogLine
 
 
+@dataclass(frozen=True)
+class ScheduleLine:
+    """`DDTree budget schedule: 1:32,8:16,32:8,64:0 (verify widths 33,17,9,1)`, printed by the
+    runtime's plugin on every rank before capture (runtime/README.md, "Budget schedule")."""
+
+    line: LogLine
+    text: str
+    widths: tuple[int, ...]
+
+    @property
+    def rank(self) -> str:
+        return self.line.rank
+
+
+_SCHEDULE = re.compile(r"^DDTree budget schedule: (?P<text>\d+:\d+(?:,\d+:\d+)*) \(verify widths (?P<w>\d+(?:,\d+)*)\)$")
+
+
 @dataclass
 class ParsedJournal:
     lines: list[LogLine] = field(default_factory=list)
@@ -240,6 +257,7 @@ class ParsedJournal:
     process_starts: list[ProcessStart] = field(default_factory=list)
     unit_events: list[UnitEvent] = field(default_factory=list)
     server_args: list[ServerArgsLine] = field(default_factory=list)
+    schedules: list[ScheduleLine] = field(default_factory=list)  # the DDTree plugin's budget schedule, per rank
 
     @property
     def latest_process(self) -> int:
@@ -702,6 +720,9 @@ def parse_lines(lines: list[LogLine]) -> ParsedJournal:
         if _FATAL.search(text) and not tb_start:
             failure("fatal", line, text)
 
+        sm = _SCHEDULE.match(text)
+        if sm:
+            result.schedules.append(ScheduleLine(line, sm["text"], tuple(int(w) for w in sm["w"].split(","))))
         dec = parse_decode(line)
         if dec is not None:
             result.decodes.append(dec)

@@ -64,7 +64,13 @@ class ReleaseInfo:
         return self.manifest.get("profile", {}).get("budget")
 
     @property
+    def budget_schedule(self) -> str | None:
+        return self.manifest.get("profile", {}).get("budget_schedule")
+
+    @property
     def label(self) -> str:
+        if self.budget_schedule:
+            return f"{self.profile} --budget-schedule {self.budget_schedule}"
         return f"{self.profile} --budget {self.budget}" if self.budget else self.profile
 
     @property
@@ -240,4 +246,6 @@ def release_profile(info: ReleaseInfo | None, host: HostConfig) -> Profile:
     try:
         return Profile(**data)
     except Exception:  # noqa: BLE001 - an older manifest: fall back to the inventory's profile
+        if info.budget_schedule:
+            return host.profile(info.profile, budget_schedule=info.budget_schedule)
         return host.profile(info.profile, info.budget)

@@ -15,6 +15,7 @@ import jinja2
 
 from opsctl import __version__
 from opsctl.config import HostConfig, Profile
+from opsctl.schedule import SCHEDULE_ENV, SCHEDULE_FILE
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 _SAFE_ARG = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
@@ -50,6 +51,7 @@ class Rendered:
 
     def as_dict(self) -> dict:
         return {"host": self.host, "profile": self.profile.name, "budget": self.profile.budget,
+                "budget_schedule": self.profile.budget_schedule,
                 "verify_width": self.profile.verify_width, "argv": self.argv, "files": self.files,
                 "links": {self.unit_link: str(self.install_root / "current" / self.unit_name)},
                 "digest": self.digest()}
@@ -128,6 +130,8 @@ def server_env(host: HostConfig, profile: Profile) -> dict[str, str]:
     }
     if profile.kind == "ddtree":
         env["SGLANG_PLUGINS"] = "ddtree"
+        if profile.schedule is not None:  # read by the runtime's plugin at server start
+            env[SCHEDULE_ENV] = str(current / SCHEDULE_FILE)
     env.update(host.settings.extra_env)
     env.update(profile.env)
     return dict(sorted(env.items()))
@@ -146,8 +150,12 @@ def render(host: HostConfig, profile: Profile) -> Rendered:
         "secrets": host.settings.secrets_file is not None,
     }
     tpl = _environment()
+    profile_doc = profile.model_dump(mode="json")
+    if profile.schedule is None:  # keep single-budget renders (and their release ids) as they were
+        profile_doc.pop("budget_schedule")
+        profile_doc.pop("tree_torch_fallback")
     launch = {
-        "profile": profile.model_dump(mode="json"), "verify_width": profile.verify_width,
+        "profile": profile_doc, "verify_width": profile.verify_width,
         "argv": argv, "env": env, "service": host.unit_name, "model": host.model.model_dump(mode="json"),
         "sglang_version": host.runtime.sglang_version, "interconnect": host.settings.interconnect,
         "rendered_by": f"opsctl {__version__}",
@@ -157,5 +165,7 @@ def render(host: HostConfig, profile: Profile) -> Rendered:
         "sglang.env": tpl.get_template("sglang.env.j2").render(context),
         "launch.json": json.dumps(launch, indent=2, sort_keys=True) + "\n",
     }
+    if profile.schedule is not None:
+        files[SCHEDULE_FILE] = profile.schedule.to_json()
     return Rendered(host=host.name, profile=profile, release_files=files, argv=argv,
                     install_root=host.install_root, unit_name=host.unit_name, env=env)

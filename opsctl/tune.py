@@ -12,6 +12,10 @@ Early stop: budgets are tried in increasing order; once throughput fell from one
 the next at every level, twice in a row, larger budgets are skipped (more nodes only cost
 more verify work after that).
 
+Then the budget schedule built from the best budget per level (`1:16,8:4,32:0`) is deployed
+and measured as one more trial (when it has more than one band and any band speculates), so
+the table shows it beside the single budgets it was made from, on the same traffic.
+
 Pure parts (best per level, the budget schedule, the recommendation) work on plain data and
 are unit tested; `tune()` does the I/O.
 """
@@ -40,15 +44,20 @@ class LevelResult:
 
 @dataclass
 class TrialResult:
-    budget: int
+    budget: int                  # a schedule trial: its largest band budget
     release: str | None
     status: str                  # measured | failed: <why> | skipped (early stop) | interrupted
     levels: dict[int, LevelResult] = field(default_factory=dict)
     deploy_s: float = 0.0        # plan, stage, switch, ready, validate
     bench_s: float = 0.0
+    schedule: str | None = None  # a budget-schedule trial ("1:16,8:4,32:0")
+
+    @property
+    def label(self) -> str:
+        return f"schedule {self.schedule}" if self.schedule else f"budget {self.budget}"
 
     def as_dict(self) -> dict:
-        return {"budget": self.budget, "release": self.release, "status": self.status,
+        return {"budget": self.budget, "schedule": self.schedule, "release": self.release, "status": self.status,
                 "deploy_s": round(self.deploy_s, 1), "bench_s": round(self.bench_s, 1),
                 "levels": {str(c): vars(lv) for c, lv in self.levels.items()}}
 
@@ -62,8 +71,9 @@ class TuneResult:
     trials: list[TrialResult]
     best: dict[int, int]         # level -> budget (0 = the baseline wins)
     schedule: str                # "1:32,8:16,32:8,64:0"
-    recommendation: int | None   # one budget for the objective, or None: keep the baseline
+    recommendation: int | None   # one budget for the objective, or None: keep the baseline (or the schedule)
     reason: str
+    recommended_schedule: str | None = None  # the schedule trial, when it is the recommendation
     restored: str | None = None
     restore_s: float = 0.0
     report: dict[str, str] = field(default_factory=dict)
@@ -72,6 +82,7 @@ class TuneResult:
         return {"host": self.host, "profile": self.profile, "levels": self.levels,
                 "baseline_tok_s": self.baseline_tok_s, "trials": [t.as_dict() for t in self.trials],
                 "best": self.best, "schedule": self.schedule, "recommendation": self.recommendation,
+                "recommended_schedule": self.recommended_schedule,
                 "reason": self.reason, "restored": self.restored, "restore_s": round(self.restore_s, 1),
                 "report": self.report}
 
@@ -93,7 +104,7 @@ def _fell_everywhere(prev: TrialResult, cur: TrialResult) -> bool:
 
 def should_stop(trials: list[TrialResult]) -> bool:
     """Throughput fell at every level for two budgets in a row (the rule in --help)."""
-    measured = [t for t in trials if t.status == "measured"]
+    measured = [t for t in trials if t.status == "measured" and not t.schedule]
     return len(measured) >= 3 and _fell_everywhere(measured[-3], measured[-2]) and \
         _fell_everywhere(measured[-2], measured[-1])
 
@@ -104,9 +115,15 @@ def best_per_level(trials: list[TrialResult], levels: list[int], max_regression:
     best: dict[int, int] = {}
     for c in levels:
         cands = [(t.levels[c].tok_s, t.budget) for t in trials
-                 if t.status == "measured" and c in t.levels and t.levels[c].low is not None and t.levels[c].low > 1.0]
+                 if t.status == "measured" and not t.schedule and c in t.levels and t.levels[c].low is not None and t.levels[c].low > 1.0]
         best[c] = max(cands)[1] if cands else 0
     return best
+
+
+def _worth_a_trial(schedule: str) -> bool:
+    """A schedule that is more than one of the budgets already measured, and speculates somewhere."""
+    bands = [tuple(map(int, part.split(":"))) for part in schedule.split(",")]
+    return len(bands) > 1 and any(b > 0 for _, b in bands)
 
 
 def schedule_text(best: dict[int, int]) -> str:
@@ -123,26 +140,27 @@ def schedule_text(best: dict[int, int]) -> str:
 
 
 def recommend(trials: list[TrialResult], levels: list[int], baseline_tok_s: dict[int, float],
-              weights: dict[int, float] | None = None) -> tuple[int | None, str]:
-    """One budget for the objective: the highest traffic-weighted throughput over the levels
-    (equal weights unless given) among budgets with no level below the baseline; None with the
-    numbers when no budget qualifies."""
+               weights: dict[int, float] | None = None) -> tuple[TrialResult | None, str]:
+    """One configuration for the objective (a budget, or the schedule trial): the highest
+    traffic-weighted throughput over the levels (equal weights unless given) among those with
+    no level proven below the baseline (speedup interval wholly under 1); None with the
+    numbers when none qualifies."""
     weights = weights or {c: 1.0 for c in levels}
     scored = []
     for t in trials:
         if t.status != "measured" or any(c not in t.levels for c in levels):
             continue
-        below = [c for c in levels if t.levels[c].speedup is not None and t.levels[c].speedup < 1.0]
+        below = [c for c in levels if t.levels[c].high is not None and t.levels[c].high < 1.0]
         score = sum(weights[c] * t.levels[c].tok_s for c in levels)
-        scored.append((score, t.budget, below))
+        scored.append((score, t, below))
     ok = [s for s in scored if not s[2]]
     base_score = sum(weights[c] * baseline_tok_s.get(c, 0.0) for c in levels)
     if ok:
-        score, budget, _ = max(ok)
-        return budget, (f"budget {budget}: traffic-weighted {score:.1f} tok/s vs the baseline's {base_score:.1f} "
-                        f"({(score / base_score - 1) * 100:+.1f} %), no level below the baseline")
-    losses = "; ".join(f"budget {b}: below the baseline at C={','.join(map(str, below))}" for _, b, below in
-                       sorted(scored, key=lambda s: s[1]))
+        score, best, _ = max(ok, key=lambda s: s[0])
+        return best, (f"{best.label}: traffic-weighted {score:.1f} tok/s vs the baseline's {base_score:.1f} "
+                      f"({(score / base_score - 1) * 100:+.1f} %), no level proven below the baseline")
+    losses = "; ".join(f"{t.label}: below the baseline at C={','.join(map(str, below))}" for _, t, below in
+                       sorted(scored, key=lambda s: (s[1].schedule or "", s[1].budget)))
     return None, ("no budget beats the baseline at these levels: keep the baseline"
                   + (f" ({losses})" if losses else ""))
 
@@ -165,7 +183,7 @@ def _level_results(run, baseline, levels: list[int], confidence: float) -> dict[
 
 def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None, workload: str | None = None,
          limit: str | None = None, profile_name: str = "ddtree", progress: Callable[[dict], None] | None = None,
-         report_dir: Path | None = None) -> TuneResult:
+         report_dir: Path | None = None, schedule_trial: bool = True) -> TuneResult:
     from opsctl.bench.workloads import WorkloadSet, parse_mix
     from opsctl.flow.bench import load_baseline, measure, require_baseline
     from opsctl.flow.deploy import deploy_one
@@ -207,6 +225,33 @@ def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None,
     base_tok = {c: sum(x.output_throughput for x in baseline.at(c)) / max(len(baseline.at(c)), 1) for c in levels}
     trials: list[TrialResult] = []
     interrupted: Interrupted | None = None
+
+    def run_trial(profile, label: str, budget: int, schedule: str | None) -> None:
+        timing = {"bench_s": 0.0}
+
+        def bench(conn, host_, plan, steps_):
+            tb = time.monotonic()
+            t0 = steps_.start("bench", f"trial {label}: levels {','.join(map(str, levels))}")
+            run = measure(conn, host_, policy, baseline=baseline,
+                          meta={"release": plan.release, "profile": plan.profile.label, "trial": True})
+            res = _level_results(run, baseline, levels, policy.confidence)
+            steps_.done("bench", t0, ", ".join(f"C={c}: {r.tok_s:.1f} tok/s" for c, r in res.items()))
+            timing["bench_s"] = time.monotonic() - tb
+            return {"levels": res, "summary": {str(c): round(r.tok_s, 1) for c, r in res.items()}}
+
+        t_trial = time.monotonic()
+        try:
+            out = deploy_one(inv, host, profile, dry_run=False, gates=True, pre_checks=False,
+                             progress=progress, confirm=None, trial=bench)
+            trials.append(TrialResult(budget, out.release, "measured", out.details["trial"]["levels"],
+                                      time.monotonic() - t_trial - timing["bench_s"], timing["bench_s"],
+                                      schedule=schedule))
+        except Interrupted:
+            raise
+        except OpsctlError as exc:  # the trial rolled itself back; the tune goes on
+            trials.append(TrialResult(budget, None, f"failed: {exc.problem}", deploy_s=time.monotonic() - t_trial,
+                                      schedule=schedule))
+
     with BRAKE.engaged(on_note=lambda m: emit({"event": "note", "host": "opsctl", "message": m})):
         try:
             for b in budgets:
@@ -214,30 +259,15 @@ def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None,
                     trials.append(TrialResult(b, None, "skipped (throughput fell at every level for two budgets "
                                                        "in a row)"))
                     continue
-
-                timing = {"bench_s": 0.0}
-
-                def bench(conn, host_, plan, steps_, b=b, timing=timing):
-                    tb = time.monotonic()
-                    t0 = steps_.start("bench", f"trial budget {b}: levels {','.join(map(str, levels))}")
-                    run = measure(conn, host_, policy, baseline=baseline,
-                                         meta={"release": plan.release, "profile": plan.profile.label, "trial": True})
-                    res = _level_results(run, baseline, levels, policy.confidence)
-                    steps_.done("bench", t0, ", ".join(f"C={c}: {r.tok_s:.1f} tok/s" for c, r in res.items()))
-                    timing["bench_s"] = time.monotonic() - tb
-                    return {"levels": res, "summary": {str(c): round(r.tok_s, 1) for c, r in res.items()}}
-
-                t_trial = time.monotonic()
+                run_trial(profiles[b], f"budget {b}", b, None)
+            sched = schedule_text(best_per_level(trials, levels))
+            if schedule_trial and _worth_a_trial(sched):
                 try:
-                    out = deploy_one(inv, host, profiles[b], dry_run=False, gates=True, pre_checks=False,
-                                      progress=progress, confirm=None, trial=bench)
-                    trials.append(TrialResult(b, out.release, "measured", out.details["trial"]["levels"],
-                                              time.monotonic() - t_trial - timing["bench_s"], timing["bench_s"]))
-                except Interrupted:
-                    raise
-                except OpsctlError as exc:  # the trial rolled itself back; the tune goes on
-                    trials.append(TrialResult(b, None, f"failed: {exc.problem}",
-                                              deploy_s=time.monotonic() - t_trial))
+                    sched_profile = host.profile(profile_name, budget_schedule=sched)
+                except ConfigError as exc:  # e.g. a level that is not a captured batch size
+                    trials.append(TrialResult(0, None, f"skipped: {exc.problem}", schedule=sched))
+                else:
+                    run_trial(sched_profile, f"schedule {sched}", sched_profile.budget or 0, sched)
         except Interrupted as exc:
             interrupted = exc
         finally:
@@ -265,7 +295,9 @@ def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None,
                           "run the tune again when ready", signal_name=interrupted.signal_name)
     best = best_per_level(trials, levels)
     rec, reason = recommend(trials, levels, base_tok)
-    result = TuneResult(host.name, profile_name, levels, base_tok, trials, best, schedule_text(best), rec, reason,
+    result = TuneResult(host.name, profile_name, levels, base_tok, trials, best, schedule_text(best),
+                        rec.budget if rec is not None and not rec.schedule else None, reason,
+                        recommended_schedule=rec.schedule if rec is not None else None,
                         restored=restore, restore_s=restore_s)
     if report_dir is not None:
         result.report = write_tune_report(result, report_dir)
@@ -291,7 +323,7 @@ def write_tune_report(result: TuneResult, out_dir: Path) -> dict[str, str]:
         if t.status != "measured":
             continue
         cs = [c for c in xs if c in t.levels]
-        line = ax.plot(cs, [t.levels[c].tok_s for c in cs], "o-", label=f"budget {t.budget}")[0]
+        line = ax.plot(cs, [t.levels[c].tok_s for c in cs], "D-" if t.schedule else "o-", label=t.label)[0]
         lo = [result.baseline_tok_s.get(c, 0) * (t.levels[c].low or 0) for c in cs]
         hi = [result.baseline_tok_s.get(c, 0) * (t.levels[c].high or 0) for c in cs]
         ax.fill_between(cs, lo, hi, color=line.get_color(), alpha=0.15)

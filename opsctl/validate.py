@@ -22,6 +22,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Iterable, Protocol
 
+from opsctl import schedule as schedule_mod
 from opsctl.findings import Finding
 from opsctl.journal import (LEGACY, TARGET_DECODE, TARGET_VERIFY, Capture, DecodeLine, Failure, ParsedJournal,
                             since_start)
@@ -69,6 +70,16 @@ class LogProfile:
     line_no: int = 0
     spelling: str = "ServerArgs"
     name: str = "server_args"
+    budget_schedule: str | None = None          # the runtime's `DDTree budget schedule:` line
+
+    @property
+    def schedule(self) -> "schedule_mod.BudgetSchedule | None":
+        if self.kind != "ddtree" or not self.budget_schedule:
+            return None
+        try:
+            return schedule_mod.parse(self.budget_schedule)
+        except Exception:  # noqa: BLE001 - a line the checks report on; not an expectation
+            return None
 
     @property
     def budget(self) -> int | None:  # the project renders DDTree's budget B as --speculative-num-draft-tokens B+1
@@ -102,6 +113,8 @@ class LogProfile:
             width = (f"verify width {self.num_draft_tokens}" + (f", DDTree budget {self.budget}" if self.budget else "")
                      if self.num_draft_tokens else "not shown")
             parts.append(f"speculative_num_draft_tokens {self.num_draft_tokens or '?'} ({width})")
+            if self.schedule is not None:
+                parts.append(f"budget schedule {self.budget_schedule} (the runtime's schedule line)")
         if self.cuda_graph_max_bs:
             parts.append(f"cuda_graph_max_bs {self.cuda_graph_max_bs} (from {self.cuda_graph_max_bs_from})")
         else:
@@ -118,7 +131,8 @@ class LogProfile:
                 "speculative_algorithm": self.algorithm, "speculative_num_draft_tokens": self.num_draft_tokens,
                 "verify_width": self.verify_width, "budget": self.budget, "cuda_graph_max_bs": self.cuda_graph_max_bs,
                 "cuda_graph_max_bs_from": self.cuda_graph_max_bs_from, "decode_graphs_disabled": self.decode_graphs_disabled,
-                "tp_size": self.tp_size, "max_concurrency": self.effective_max_concurrency}
+                "tp_size": self.tp_size, "max_concurrency": self.effective_max_concurrency,
+                "budget_schedule": self.budget_schedule}
 
 
 def _int(value: Any) -> int | None:
@@ -179,7 +193,10 @@ def expectations_from_log(parsed: ParsedJournal, *, max_concurrency: int | None 
             break
     disabled = (args.get("disable_cuda_graph") is True or args.get("disable_decode_cuda_graph") is True
                 or args.get("cuda_graph_backend_decode") == "disabled" or decode.get("backend") == "disabled")
-    return LogProfile(kind=kind, algorithm=algo, num_draft_tokens=draft if kind != "autoregressive" else None,
+    recent = since_start(parsed)
+    sched_lines = [x for x in recent.schedules if x.line.process == recent.latest_process]
+    return LogProfile(budget_schedule=sched_lines[0].text if sched_lines and kind == "ddtree" else None,
+                      kind=kind, algorithm=algo, num_draft_tokens=draft if kind != "autoregressive" else None,
                       tp_size=_int(args.get("tp_size")), cuda_graph_max_bs=max_bs, cuda_graph_max_bs_from=max_bs_from,
                       decode_graphs_disabled=disabled, max_concurrency=max_concurrency, line_no=sa.line.line_no,
                       spelling=sa.spelling)
@@ -275,7 +292,8 @@ def validate_startup(parsed: ParsedJournal, profile: ProfileLike) -> list[Findin
     captures = parsed.captures_of()  # the current process; earlier ones show up as restarts
     findings = [_check_expected_graphs(captures, parsed, profile),
                 _check_complete(captures),
-                _check_verify_width(captures, profile),
+                (_check_band_widths(captures, parsed, profile) if _schedule(profile) is not None
+                 else _check_verify_width(captures, profile)),
                 _check_batch_coverage(captures, profile)]
     findings += _check_failures(parsed)
     findings.append(_check_restarts(parsed))
@@ -420,7 +438,8 @@ def _check_batch_coverage(captures: list[Capture], profile: ProfileLike) -> Find
                        fix="validate a journal from SGLang 0.5.23, whose capture end line prints bs=[...]",
                        details=details)
     # a batch of n runs in the smallest captured graph >= n, so coverage is the largest bs, on the worst rank
-    covered = min(max(c.bs) for c in with_bs)  # type: ignore[arg-type]
+    # (a budget schedule captures one graph per band: a rank's largest is over all of its graphs)
+    covered = _worst_rank_max_bs(with_bs)
     details["captured_max_bs"] = covered
     short_of_profile = profile.cuda_graph_max_bs is not None and covered < profile.cuda_graph_max_bs
     if covered < need:
@@ -435,6 +454,94 @@ def _check_batch_coverage(captures: list[Capture], profile: ProfileLike) -> Find
     return Finding(check=check, ok=True,
                    diagnosis=f"captured batch sizes reach {covered}, covering max concurrency {need}",
                    details=details)
+
+
+def _worst_rank_max_bs(captures: list[Capture]) -> int:
+    per_rank: dict[str, int] = {}
+    for c in captures:
+        per_rank[c.rank] = max(per_rank.get(c.rank, 0), max(c.bs))  # type: ignore[arg-type]
+    return min(per_rank.values())
+
+
+def _schedule(profile: ProfileLike) -> "schedule_mod.BudgetSchedule | None":
+    return getattr(profile, "schedule", None) if profile.kind == "ddtree" else None
+
+
+def _check_band_widths(captures: list[Capture], parsed: ParsedJournal, profile: ProfileLike) -> Finding:
+    """A DDTree budget schedule: every captured batch size's verify graph at its band's width
+    (budget + 1), on every rank, and every rank running the schedule the profile asks for."""
+    check = "capture.band_widths"
+    sched = _schedule(profile)
+    assert sched is not None
+    targets = [c for c in _target_captures(captures, profile) if c.kind == TARGET_VERIFY]
+    lines = [x for x in parsed.schedules if x.line.process == parsed.latest_process]
+    details: dict = {"schedule": sched.text, "widths": list(sched.widths),
+                     "schedule_lines": {_rank(x.rank): x.text for x in lines},
+                     "per_rank": defaultdict(list)}
+    for c in targets:
+        details["per_rank"][_rank(c.rank)].append({"num_tokens_per_req": c.num_tokens_per_req,
+                                                   "bs": list(c.bs) if c.bs else None})
+    details["per_rank"] = dict(details["per_rank"])
+    fix_runtime = ("deploy a runtime with budget schedules (runtime/README.md, 'Budget schedule') and check that the "
+                   f"unit's environment sets {schedule_mod.SCHEDULE_ENV}; then redeploy")
+    if not targets:
+        return Finding(check=check, ok=False, diagnosis=f"no target verify graph to read the bands' widths from "
+                       f"(schedule {sched.text})", fix="see capture.expected_graphs", details=details)
+    if not lines:
+        return Finding(check=check, ok=False,
+                       diagnosis=f"the runtime printed no 'DDTree budget schedule' line: it did not load the "
+                                 f"schedule {sched.text} (every batch size then runs the widest band)",
+                       fix=fix_runtime, details=details)
+    other = [x for x in lines if x.text != sched.text]
+    if other:
+        return Finding(check=check, ok=False,
+                       diagnosis=f"{_rank(other[0].rank)} loaded budget schedule {other[0].text}, "
+                                 f"{_asker(profile)} says {sched.text}",
+                       fix="the release's schedule file and profile disagree: re-render and redeploy", details=details)
+    ranks = sorted({c.rank for c in targets} | {x.rank for x in lines})
+    wrong: dict[tuple[int, int], dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))  # (band, got) -> rank -> bs
+    unknown = []
+    captured_by_rank: dict[str, list[int]] = defaultdict(list)
+    for c in targets:
+        captured_by_rank[c.rank].extend(c.bs or ())
+    band_bs: dict[int, set[int]] = defaultdict(set)
+    for c in targets:
+        if not c.bs or c.num_tokens_per_req is None:
+            unknown.append(c)
+            continue
+        for bs in c.bs:
+            i = sched.band_index(bs, captured_by_rank[c.rank])
+            band_bs[i].add(bs)
+            if c.num_tokens_per_req != sched.bands[i].width:
+                wrong[(i, c.num_tokens_per_req)][_rank(c.rank)].append(bs)
+    missing_ranks = [r for r in ranks if r not in captured_by_rank]
+    allcap = sorted({b for sizes in captured_by_rank.values() for b in sizes})
+    if wrong:
+        (i, got), by_rank = next(iter(sorted(wrong.items())))
+        band = sched.bands[i]
+        sizes = sorted({b for v in by_rank.values() for b in v})
+        details["wrong"] = [{"band": sched.band_range(i, allcap), "budget": sched.bands[i].budget, "got": g,
+                             "want": sched.bands[i].width, "ranks": sorted(r)} for (i, g), r in sorted(wrong.items())]
+        return Finding(check=check, ok=False,
+                       diagnosis=f"batch {sched.band_range(i, allcap)} (budget {band.budget}) has its verify graph captured with "
+                                 f"{got} tokens/request for bs {_ranges(sizes)} on "
+                                 f"{'every rank (' + str(len(ranks)) + ')' if len(by_rank) == len(ranks) else ', '.join(sorted(by_rank))}, needs "
+                                 f"{band.width} (budget {band.budget} + 1)"
+                                 + (f"; {len(wrong) - 1} more band/width mismatch(es)" if len(wrong) > 1 else ""),
+                       fix=fix_runtime, details=details)
+    if unknown or missing_ranks:
+        who = sorted({_rank(c.rank) for c in unknown} | {_rank(r) for r in missing_ranks})
+        return Finding(check=check, ok=False,
+                       diagnosis=f"cannot show the bands' widths on {', '.join(who)}: capture lines without "
+                                 "num_tokens_per_req or bs=[...], or no verify capture",
+                       fix="validate a journal from SGLang 0.5.23 with the DDTree runtime's schedule lines",
+                       details=details)
+    parts = [f"batch {sched.band_range(i, allcap)}: {b.width} token{'s' if b.width != 1 else ''}/request "
+             f"(bs {_ranges(band_bs[i])})"
+             for i, b in enumerate(sched.bands) if band_bs.get(i)]
+    return Finding(check=check, ok=True,
+                   diagnosis=f"budget schedule {sched.text} on {len(ranks)} rank(s), each band's verify graph at its "
+                             f"width: " + "; ".join(parts), details=details)
 
 
 def _failure_text(f: Failure) -> str:
@@ -623,7 +730,63 @@ def validate_decode(parsed: ParsedJournal, profile: ProfileLike, *, require: boo
     findings = [_check_decode_graph(lines, parsed, profile)]
     if profile.kind != "autoregressive":
         findings.append(_check_draft_tokens(lines, parsed, profile))
+    if _schedule(profile) is not None:
+        findings.append(_check_band_acceptance(lines, parsed, profile))
     return findings
+
+
+def _band_of_line(d: DecodeLine, sched, capture_bs: list[int]) -> int:
+    return sched.band_index(d.running_reqs or 1, capture_bs)
+
+
+def _captured_sizes(parsed: ParsedJournal, profile: ProfileLike) -> list[int]:
+    sizes: set[int] = set()
+    for c in _target_captures(parsed.captures_of(), profile):
+        if c.bs:
+            sizes.update(c.bs)
+    return sorted(sizes)
+
+
+def _check_band_acceptance(lines: list[DecodeLine], parsed: ParsedJournal, profile: ProfileLike) -> Finding:
+    """Draft tokens accepted per round, read back per band (the band from #running-req): never
+    more than the band's tree holds, and none at all in a budget-0 band (its drafter is off).
+    A line's interval may straddle a band change, so a band fails only when most of its lines do."""
+    check = "decode.band_acceptance"
+    sched = _schedule(profile)
+    assert sched is not None
+    capture_bs = _captured_sizes(parsed, profile)
+    per_band: dict[int, list[DecodeLine]] = defaultdict(list)
+    for d in lines:
+        if d.accept_len is not None:
+            per_band[_band_of_line(d, sched, capture_bs)].append(d)
+    rows, bad = [], []
+    for i, band in enumerate(sched.bands):
+        ds = per_band.get(i, [])
+        if not ds:
+            continue
+        over = [d for d in ds if (d.accept_len - 1.0) > band.budget + PRINT_HALF_ULP]  # type: ignore[operator]
+        mean = sum(d.accept_len for d in ds) / len(ds)  # type: ignore[misc]
+        rows.append({"band": sched.band_range(i, capture_bs), "budget": band.budget, "lines": len(ds),
+                     "accept_len_mean": round(mean, 2), "drafts_per_round": round(mean - 1.0, 2),
+                     "lines_over_budget": len(over)})
+        if len(over) * 2 > len(ds):
+            bad.append((i, band, ds, over, mean))
+    details = {"schedule": sched.text, "bands": rows}
+    if not rows:
+        return _unknown(check, "unknown: no decode line with accept len under load", details)
+    if bad:
+        i, band, ds, over, mean = bad[0]
+        what = ("a budget-0 band must accept no draft (its drafter is off)" if band.budget == 0 else
+                f"a tree of {band.budget} nodes accepts at most {band.budget} drafts per round")
+        return Finding(check=check, ok=False,
+                       diagnosis=f"batch {sched.band_range(i, capture_bs)}: {len(over)} of {len(ds)} decode lines accept more "
+                                 f"drafts per round than the band allows (mean accept len {mean:.2f}; {what}): the "
+                                 "runtime is not running this band's budget",
+                       fix="check the runtime's 'DDTree budget schedule' line and capture.band_widths; redeploy "
+                           "a runtime with budget schedules", details=details)
+    seen = "; ".join(f"batch {r['band']} (budget {r['budget']}): {r['drafts_per_round']:.2f} drafts/round over "
+                     f"{r['lines']} line(s)" for r in rows)
+    return Finding(check=check, ok=True, diagnosis=f"accepted drafts per round by band: {seen}", details=details)
 
 
 def _graph_bound(parsed: ParsedJournal, profile: ProfileLike) -> tuple[int | None, str]:
@@ -632,7 +795,7 @@ def _graph_bound(parsed: ParsedJournal, profile: ProfileLike) -> tuple[int | Non
     captures more than that)."""
     targets = [c for c in _target_captures(parsed.captures_of(), profile) if c.complete and c.bs]
     if targets:
-        bound = min(max(c.bs) for c in targets)  # type: ignore[arg-type]
+        bound = _worst_rank_max_bs(targets)
         return bound, f"the largest captured batch size ({bound})"
     if profile.cuda_graph_max_bs:
         return (profile.cuda_graph_max_bs, f"{_asker(profile)}'s cuda_graph_max_bs ({profile.cuda_graph_max_bs}; "
@@ -694,6 +857,14 @@ def _check_draft_tokens(lines: list[DecodeLine], parsed: ParsedJournal, profile:
     check = "decode.draft_tokens_per_round"
     want = profile.verify_width
     spec = [d for d in lines if d.accept_len is not None and d.accept_rate is not None]
+    sched = _schedule(profile)
+    if sched is not None:  # a budget-0 band drafts nothing: its lines cannot show the round width
+        capture_bs = _captured_sizes(parsed, profile)
+        drafted = [d for d in spec if sched.bands[_band_of_line(d, sched, capture_bs)].budget > 0]
+        if spec and not drafted:
+            return _unknown(check, f"unknown: every decode line under load ran in a budget-0 band of {sched.text} "
+                                   "(no drafts), so the round width cannot be read back", {"lines": len(spec)})
+        spec = drafted
     details: dict = {"expected": want, "formula": "1 + (accept_len - 1) / accept_rate", "sglang_version": "0.5.23",
                      "lines": len(spec)}
     if want is None:

@@ -17,6 +17,11 @@ LimitOpt = typer.Option(None, "--limit", "-l", help="Act on this host or group o
 JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON on stdout (human text goes to stderr).")
 BudgetOpt = typer.Option(None, "--budget", "-b", help="DDTree node budget N (>= 1); the verify width is N + 1. "
                          "Only for the ddtree profile.", show_default=False)
+ScheduleOpt = typer.Option(None, "--budget-schedule", metavar="MIN_BATCH:BUDGET,...",
+                           help="DDTree budget by running batch size, e.g. 1:32,8:16,32:8,64:0 (batches of 1-7 get "
+                           "budget 32, 8-31 get 16, 32-63 get 8, 64+ decode without a tree). Bands start at "
+                           "captured CUDA-graph batch sizes; --budget N is the one-band case 1:N.",
+                           show_default=False)
 
 
 def inventory(path: Optional[Path]) -> Inventory:

@@ -56,7 +56,8 @@ def _print_verdict(ev: dict) -> None:
 
 
 def _print_plan(plan: dict) -> None:
-    _output.info(f"plan for {plan['host']}: {plan['profile']}" + (f" --budget {plan['budget']}" if plan.get("budget") else "")
+    _output.info(f"plan for {plan['host']}: {plan['profile']}" + (f" --budget-schedule {plan['budget_schedule']}" if plan.get("budget_schedule") else
+                                                                   f" --budget {plan['budget']}" if plan.get("budget") else "")
                  + f" (verify width {plan['verify_width']}) -> release {plan['release']}")
     for c in plan["changes"]:
         _output.info(f"  * {c}")
@@ -81,6 +82,7 @@ def register(app: typer.Typer) -> None:
     def deploy_cmd(
         profile: str = typer.Argument(..., metavar="PROFILE", help="Profile: ar-tp8, ar-ep8 (baselines), dflash, ddtree."),
         budget: Optional[int] = _common.BudgetOpt,
+        budget_schedule: Optional[str] = _common.ScheduleOpt,
         inventory: Optional[Path] = _common.InventoryOpt,
         limit: Optional[str] = _common.LimitOpt,
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (changes, unit diff, bytes to send); change nothing."),
@@ -111,6 +113,8 @@ def register(app: typer.Typer) -> None:
 
           opsctl deploy ddtree --budget 16 -i inventories/lab --dry-run
 
+          opsctl deploy ddtree --budget-schedule 1:16,8:4,32:0 -i inventories/lab --yes
+
           OPSCTL_INVENTORY=inventories/blackwell opsctl deploy ddtree --budget 16
         """
         _output.set_json(json_out)
@@ -126,7 +130,7 @@ def register(app: typer.Typer) -> None:
             _print_plan(plan.as_dict())
             return typer.confirm(f"apply this to {plan.host.name}?", default=False)
 
-        outcomes = core.deploy(_common.inventory(inventory), profile, budget, limit=limit, dry_run=dry_run,
+        outcomes = core.deploy(_common.inventory(inventory), profile, budget, budget_schedule=budget_schedule, limit=limit, dry_run=dry_run,
                                gates=not no_gate, pre_checks=not skip_checks, progress=printer, confirm=confirm,
                                verify_weights=verify_weights)
         if json_out:
@@ -179,8 +183,8 @@ def register(app: typer.Typer) -> None:
             return
         _output.table("status", ["host", "release", "profile", "budget", "service", "since", "restarts", "verdict",
                                  "watch"],
-                      [[r["host"], r["release"] or "-", r["profile"] or "-", r["budget"] or "-",
-                        f"{r['service']}/{r['sub_state']}", r["since"] or "-", r["restarts"],
+                      [[r["host"], r["release"] or "-", r["profile"] or "-",
+                        r.get("budget_schedule") or r["budget"] or "-", f"{r['service']}/{r['sub_state']}", r["since"] or "-", r["restarts"],
                         (r["last_verdict"] or {}).get("status") or ("never judged" if r.get("judged") is False
                                                                      else "-"),
                         _watch_cell(r.get("watch") or {})] for r in rows])

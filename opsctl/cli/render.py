@@ -16,6 +16,7 @@ def register(app: typer.Typer) -> None:
     def render_cmd(
         profile: str = typer.Argument(..., metavar="PROFILE", help="Profile: ar-tp8, ar-ep8, dflash, ddtree (or one the inventory defines)."),
         budget: Optional[int] = _common.BudgetOpt,
+        budget_schedule: Optional[str] = _common.ScheduleOpt,
         inventory: Optional[Path] = _common.InventoryOpt,
         limit: Optional[str] = _common.LimitOpt,
         out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the files under DIR (host paths kept "
@@ -32,7 +33,7 @@ def register(app: typer.Typer) -> None:
         inv = _common.inventory(inventory)
         results = []
         for host in inv.select(limit):
-            rendered = render_release(host, host.profile(profile, budget))
+            rendered = render_release(host, host.profile(profile, budget, budget_schedule))
             results.append(rendered)
             if out is not None:
                 base = out / host.name if len(inv.select(limit)) > 1 else out

@@ -24,11 +24,14 @@ Early stop: budgets run in increasing order; once throughput fell from one budge
 at every level twice in a row, larger budgets are skipped.
 
 Output: a table (tok/s and speedup interval per budget and level), the best budget per level
-(0 where the baseline wins), a budget schedule `1:32,8:16,32:8,64:0` (bands of running batch
-size), and one recommended budget: the highest traffic-weighted throughput over the levels with
-no level below the baseline — or "keep the baseline" with the numbers. A PNG (tok/s against
-concurrency, one line per budget with its confidence band, and the baseline) and tune.json go
-to --out. --apply deploys the recommended budget through the normal gated deploy.
+(0 where the baseline wins) and the budget schedule built from it, `1:16,8:4,32:0` (bands of
+running batch size: each level starts a band). That schedule is then deployed and measured as
+one more trial (--no-schedule-trial skips it), so it is judged on the same traffic as the single
+budgets. The recommendation is the budget or schedule with the highest traffic-weighted
+throughput over the levels and no level proven below the baseline (speedup interval wholly
+under 1) — or "keep the baseline" with the numbers. A PNG (tok/s against concurrency, one line
+per trial with its confidence band, and the baseline) and tune.json go to --out. --apply
+deploys the recommendation (a budget, or the schedule) through the normal gated deploy.
 
 Examples:
 
@@ -50,7 +53,10 @@ def register(app: typer.Typer) -> None:
         workload: Optional[str] = typer.Option(None, "--workload", "-w", help="Workload mix (default: the gate "
                                                "policy's), as for 'opsctl bench --workload'."),
         out: Path = typer.Option(Path("tune"), "--out", help="Directory for tune.png and tune.json."),
-        apply: bool = typer.Option(False, "--apply", help="Deploy the recommended budget (normal gated deploy)."),
+        apply: bool = typer.Option(False, "--apply", help="Deploy the recommendation, a budget or the schedule "
+                                   "(normal gated deploy)."),
+        no_schedule_trial: bool = typer.Option(False, "--no-schedule-trial", help="Do not deploy and measure the "
+                                               "budget schedule built from the best budget per level."),
         yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before changing the host."),
         inventory: Optional[Path] = _common.InventoryOpt,
         limit: Optional[str] = _common.LimitOpt,
@@ -81,15 +87,16 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError("tune not confirmed", "re-run with --yes")
         inv = _common.inventory(inventory)
         res = core.tune(inv, bl, concurrency=levels, workload=workload, limit=limit,
-                        progress=_StepPrinter(json_out), report_dir=out)
+                        progress=_StepPrinter(json_out), report_dir=out, schedule_trial=not no_schedule_trial)
         applied = None
-        if apply and res.recommendation is not None:
-            outcomes = deploy_core.deploy(inv, "ddtree", res.recommendation, limit=limit, progress=_StepPrinter(json_out))
+        if apply and (res.recommendation is not None or res.recommended_schedule):
+            outcomes = deploy_core.deploy(inv, "ddtree", res.recommendation, budget_schedule=res.recommended_schedule,
+                                          limit=limit, progress=_StepPrinter(json_out))
             applied = [o.as_dict() for o in outcomes]
         if json_out:
             _output.emit_json({"ok": True, **res.as_dict(), "applied": applied})
             return
-        cols = ["budget", "status"] + [f"C={c}" for c in res.levels]
+        cols = ["trial", "status"] + [f"C={c}" for c in res.levels]
         rows = [["baseline", "stored"] + [f"{res.baseline_tok_s.get(c, 0):.1f}" for c in res.levels]]
         for t in res.trials:
             cells = []
@@ -98,7 +105,7 @@ def register(app: typer.Typer) -> None:
                 cells.append("-" if lv is None else f"{lv.tok_s:.1f} ({(lv.speedup - 1) * 100:+.0f} % "
                              f"[{(lv.low - 1) * 100:+.0f}, {(lv.high - 1) * 100:+.0f}])" if lv.speedup is not None
                              else f"{lv.tok_s:.1f}")
-            rows.append([t.budget, t.status[:60]] + cells)
+            rows.append([t.label, t.status[:60]] + cells)
         _output.table(f"tune {res.profile} on {res.host}: output tok/s (speedup vs baseline, 90 % CI)", cols, rows)
         _output.info("best budget per level: " + ", ".join(f"C={c}: {b or 'baseline'}" for c, b in res.best.items()))
         _output.info(f"budget schedule: {res.schedule}")

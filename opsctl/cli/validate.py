@@ -40,13 +40,14 @@ def _finish(findings: list[Finding], title: str, json_out: bool, extra: Optional
 
 
 def _offline(from_file: Path, profile_name: Optional[str], budget: Optional[int],
-             max_concurrency: Optional[int], only: Optional[str], json_out: bool) -> None:
+             max_concurrency: Optional[int], only: Optional[str], json_out: bool,
+             budget_schedule: Optional[str] = None) -> None:
     from opsctl import journal
     from opsctl.config import resolve_profile
     from opsctl.validate import expectations_from_log, validate, validate_decode, validate_startup
 
-    if profile_name is None and budget is not None:
-        raise ConfigError("--budget applies to --profile ddtree",
+    if profile_name is None and (budget is not None or budget_schedule is not None):
+        raise ConfigError(f"{'--budget' if budget is not None else '--budget-schedule'} applies to --profile ddtree",
                           "add --profile ddtree, or drop --budget to take the expectations from the log's "
                           "server_args line")
     if not from_file.is_file():
@@ -56,7 +57,7 @@ def _offline(from_file: Path, profile_name: Optional[str], budget: Optional[int]
     profile = None
     if profile_name is not None:
         overrides = {profile_name: {"max_concurrency": max_concurrency}} if max_concurrency else None
-        profile = resolve_profile(profile_name, budget, overrides=overrides)
+        profile = resolve_profile(profile_name, budget, overrides=overrides, budget_schedule=budget_schedule)
     parsed = journal.load_file(from_file)
     if not parsed.lines:
         raise ConfigError(f"{from_file} holds no log lines", "pass a saved journal or an SGLang log excerpt")
@@ -103,6 +104,7 @@ def register(app: typer.Typer) -> None:
                                               "(offline mode): ar-tp8, ar-ep8, dflash, ddtree. Without it, the "
                                               "expectations come from the log's server_args line."),
         budget: Optional[int] = _common.BudgetOpt,
+        budget_schedule: Optional[str] = _common.ScheduleOpt,
         max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", min=1, help="Concurrency the "
                                                       "graphs must cover (default: the profile's)."),
         only: Optional[str] = typer.Option(None, "--only", help="Run only the 'startup' or the 'decode' checks "
@@ -111,8 +113,8 @@ def register(app: typer.Typer) -> None:
         limit: Optional[str] = _common.LimitOpt,
         json_out: bool = _common.JsonOpt,
     ) -> None:
-        """Check SGLang's journal: graphs captured on every rank with the profile's verify width and
-        batch sizes, no capture failure/OOM/restart, decode lines on CUDA graphs with the right
+        """Check SGLang's journal: graphs captured on every rank with the profile's verify width (with a
+        DDTree budget schedule: each band's width for its batch sizes) and batch sizes, no capture failure/OOM/restart, decode lines on CUDA graphs with the right
         draft tokens per round.
 
         Exit 0 when every check passes, 6 when one fails. With --json, prints {ok, findings} (and
@@ -123,6 +125,8 @@ def register(app: typer.Typer) -> None:
 
           opsctl validate --from-file journal.txt --profile ddtree --budget 16
 
+          opsctl validate --from-file journal.txt --profile ddtree --budget-schedule 1:16,8:4,32:0
+
           opsctl validate --from-file journal.txt   # expectations from the log's server_args line
 
           opsctl validate -i inventories/lab
@@ -131,10 +135,11 @@ def register(app: typer.Typer) -> None:
         if only not in (None, "startup", "decode"):
             raise ConfigError(f"--only {only!r} is not a check group", "use --only startup or --only decode")
         if from_file is not None:
-            _offline(from_file, profile, budget, max_concurrency, only, json_out)
+            _offline(from_file, profile, budget, max_concurrency, only, json_out, budget_schedule)
             return
-        if profile is not None or budget is not None or only is not None or max_concurrency is not None:
-            raise ConfigError("--profile/--budget/--max-concurrency/--only apply to --from-file only; live "
+        if (profile is not None or budget is not None or budget_schedule is not None or only is not None
+                or max_concurrency is not None):
+            raise ConfigError("--profile/--budget/--budget-schedule/--max-concurrency/--only apply to --from-file only; live "
                               "validation reads the profile from the live release",
                               "add --from-file LOG, or drop those options")
         _live(inventory, limit, json_out)

@@ -47,13 +47,13 @@ class DeployOutcome:
 
 
 def deploy(inventory: str | Path | Inventory, profile_name: str, budget: int | None = None, *,
-           limit: str | None = None, dry_run: bool = False, gates: bool = True, pre_checks: bool = True,
+           budget_schedule: str | None = None, limit: str | None = None, dry_run: bool = False, gates: bool = True, pre_checks: bool = True,
            progress: Progress | None = None, confirm: Callable[[Plan], bool] | None = None,
            verify_weights: bool = False) -> list[DeployOutcome]:
     """Deploy PROFILE to each selected host, host by host, stopping at the first failure."""
     inv = as_inventory(inventory)
     hosts = inv.select(limit)
-    profiles = {h.name: h.profile(profile_name, budget) for h in hosts}  # all bad input before any host I/O
+    profiles = {h.name: h.profile(profile_name, budget, budget_schedule) for h in hosts}  # all bad input before any host I/O
     if gates and not dry_run:
         from opsctl.bench.workloads import WorkloadSet
 

@@ -30,7 +30,8 @@ def status(inventory: str | Path | Inventory, *, limit: str | None = None) -> li
         unfinished = state.interrupted_deploy()
         out.append({
             "host": host.name, "release": state.current, "profile": cur.profile if cur else None,
-            "budget": cur.budget if cur else None, "verify_width": cur.manifest.get("verify_width") if cur else None,
+            "budget": cur.budget if cur else None, "budget_schedule": cur.budget_schedule if cur else None,
+            "verify_width": cur.manifest.get("verify_width") if cur else None,
             "service": state.service.get("ActiveState"), "sub_state": state.service.get("SubState"),
             "since": state.service.get("ActiveEnterTimestamp"), "restarts": state.service.get("NRestarts"),
             "judged": state.judged(state.current) if state.current else None,

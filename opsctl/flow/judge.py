@@ -50,7 +50,8 @@ def bench_and_judge(conn: Connection, host: HostConfig, profile: Profile, releas
     verdict, run = judge_with_remeasure(
         lambda: measure(conn, host, policy, canary_file=canary_path, meta=meta, baseline=baseline), baseline, policy,
         profile_kind=profile.kind, canary_mismatch=first.canary.mismatch if first.canary else None,
-        canary_ran=bool(first.canary and first.canary.compared), first=first)
+        canary_ran=bool(first.canary and first.canary.compared), first=first,
+        undrafted_levels=undrafted_levels(profile, policy.concurrency))
     store_release_bench(conn, host, release, run)
     steps.progress({"event": "verdict", "host": host.name, "status": verdict.status, "reasons": verdict.reasons,
                     "rows": [_row(r) for r in verdict.rows]})
@@ -63,6 +64,16 @@ def bench_and_judge(conn: Connection, host: HostConfig, profile: Profile, releas
         return GateOutcome(True, "", rec)
     steps.done("judge", t1, verdict.one_line(), status="fail")
     return GateOutcome(False, verdict.one_line(), rec)
+
+
+def undrafted_levels(profile: Profile, levels) -> frozenset[int]:
+    """Levels a budget schedule serves without a tree (a budget-0 band): the bench's load of C
+    concurrent requests decodes as a batch of C."""
+    sched = profile.schedule
+    if sched is None:
+        return frozenset()
+    cap = profile.captured_batch_sizes
+    return frozenset(c for c in levels if sched.band_for(c, cap).budget == 0)
 
 
 def _row(r) -> dict:

@@ -62,6 +62,7 @@ class Plan:
 
     def as_dict(self) -> dict:
         return {"host": self.host.name, "profile": self.profile.name, "budget": self.profile.budget,
+                "budget_schedule": self.profile.budget_schedule,
                 "verify_width": self.profile.verify_width, "release": self.release,
                 "current": self.state.current, "release_exists": self.release_exists, "live": self.is_live,
                 "changes": self.changes, "unit_diff": self.unit_diff, "bytes_to_send": self.bytes_to_send,

@@ -23,7 +23,7 @@ from opsctl.lab.host import guest_run
 EMULATOR_FAULTS: dict[str, dict] = {
     "capture_failure": {"params": {"message": "CUDA error: out of memory"},
                         "symptom": "'Capture cuda graph failed: ...' + hints in the journal, the server exits 1"},
-    "wrong_verify_tokens": {"params": {"num_tokens_per_req": 8, "crash": False},
+    "wrong_verify_tokens": {"params": {"num_tokens_per_req": 8, "crash": False, "band": 0},
                             "symptom": "target verify graph captured with num_tokens_per_req=8 (block size, not "
                                        "budget+1); accept rate on decode lines implies 8 draft tokens; crash=true: "
                                        "first verify replay dies with a tensor size mismatch"},

@@ -204,6 +204,38 @@ def _median(values):
     return round(statistics.median(values), 3) if values else None
 
 
+def undrafted_ranges(schedule: str, max_bs: int, max_running: int | None = None) -> list:
+    """Running-batch ranges [lo, hi] (hi None: open) a DDTree budget schedule serves in a
+    budget-0 band: no drafter, accept length 1 by design. A batch takes the band of the
+    CUDA-graph batch size it replays at (SGLang 0.5.23's speculative capture list; the same
+    rule as opsctl/schedule.py, copied: this program runs on the host with the stdlib only)."""
+    bands = [tuple(int(x) for x in part.split(":")) for part in schedule.split(",")]
+    cap = (list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 65, 4)) + list(range(72, 257, 8))
+           + list(range(272, max_bs + 1, 16)))
+    cap = sorted({b for b in cap if b <= max_bs} | {max_bs})
+    if max_running:
+        cap = sorted({b for b in cap if b <= max_running} | ({max_running} if max_bs > max_running else set()))
+
+    def budget(batch: int) -> int:
+        padded = next((b for b in cap if b >= batch), batch)
+        return [b for lo, b in bands if lo <= padded][-1]
+
+    out, top = [], max(cap[-1], bands[-1][0]) + 1
+    for batch in range(1, top + 1):
+        if budget(batch) == 0:
+            if out and out[-1][1] == batch - 1:
+                out[-1][1] = batch
+            else:
+                out.append([batch, batch])
+    if out and out[-1][1] == top:
+        out[-1][1] = None  # every larger batch is past the last graph: the last band's budget
+    return out
+
+
+def _undrafted(running, ranges) -> bool:
+    return any(running >= lo and (hi is None or running <= hi) for lo, hi in ranges or ())
+
+
 def evaluate(samples: list, rules: dict, min_samples: int, window_s: float, now: float) -> list:
     """One finding per rule over the window: status ok | breach | insufficient | unknown | n/a."""
     win = [s for s in samples if s.get("ts", 0) > now - window_s]
@@ -215,7 +247,9 @@ def evaluate(samples: list, rules: dict, min_samples: int, window_s: float, now:
     if floor is None:
         out.append({"rule": "accept_length", "status": "n/a", "detail": "no accept-length floor for this profile"})
     else:
-        vals = [s["accept_len"] for s in dec if s.get("accept_len")]
+        # a budget schedule's budget-0 band accepts nothing by design: only drafting samples count
+        vals = [s["accept_len"] for s in dec if s.get("accept_len")
+                and not _undrafted(s.get("running") or 0, rules.get("undrafted_batches"))]
         med = _median(vals)
         if len(vals) < min_samples:
             out.append({"rule": "accept_length", "status": "insufficient", "observed": med, "threshold": floor,
@@ -558,6 +592,9 @@ class Watch:
             rules["accept_len_floor"] = prof["accept_len_floor"]
         if prof.get("kind") == "autoregressive":
             rules["accept_len_floor"] = None
+        if prof.get("budget_schedule"):
+            rules["undrafted_batches"] = undrafted_ranges(prof["budget_schedule"], int(prof.get("cuda_graph_max_bs")
+                                                          or 32), prof.get("max_running_requests"))
         return rules
 
     # ---------------------------------------------------------------- one interval

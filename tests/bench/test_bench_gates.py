@@ -175,3 +175,22 @@ def test_a_level_inside_the_regression_limit_says_so_never_better():
 
     summary = verdict_summary(v)
     assert "C=4: pass (-5.0 %, within the -10 % limit" in summary and "better" not in summary
+
+
+def test_a_budget_schedules_undrafted_level_is_not_held_to_the_accept_floor():
+    """A schedule that decodes without a tree at C=16 (budget 0) reports accept length 1 there
+    by design; the floor still holds where it drafts."""
+    levels = []
+    for c, tok, acc in ((1, 250.0, 5.2), (4, 420.0, 3.1), (16, 990.0, 1.0)):
+        levels += [BenchLevel(max_concurrency=c, repeat=r, output_throughput=tok, median_itl_ms=10.0, completed=8,
+                              level_accept_length=acc) for r in range(3)]
+    cand = BenchRun(levels=levels)
+    plain = judge(cand, BASE, profile_kind="ddtree", canary_ran=True)
+    assert plain.status == "fail" and any("below the ddtree floor 2.00 (C=16: 1.00)" in r for r in plain.reasons)
+    sched = judge(cand, BASE, profile_kind="ddtree", canary_ran=True, undrafted_levels=frozenset({16}))
+    assert sched.status == "pass", sched.reasons
+    assert any("C=16: the budget schedule does not draft at this level" in n for n in sched.notes)
+    low = BenchRun(levels=[lv.model_copy(update={"level_accept_length": 1.4}) if lv.max_concurrency == 4 else lv
+                           for lv in levels])
+    v = judge(low, BASE, profile_kind="ddtree", canary_ran=True, undrafted_levels=frozenset({16}))
+    assert v.status == "fail" and any("(C=4: 1.40)" in r for r in v.reasons)

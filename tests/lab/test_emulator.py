@@ -205,8 +205,8 @@ def test_metrics_off_without_flag(tmp_path):
 PROMPTS = ["alpha beta gamma", "the cat sat on the mat", "one two three four"]
 
 
-def _greedy(tmp_path, args, faults=None):
-    with Emu(tmp_path, args, faults=faults) as emu:
+def _greedy(tmp_path, args, faults=None, env=None):
+    with Emu(tmp_path, args, faults=faults, env=env) as emu:
         emu.wait_ready()
         return [emu.generate(p, 20)["output_ids"] for p in PROMPTS]
 
@@ -378,3 +378,76 @@ def test_autoregressive_c1_matches_the_site(tmp_path, extra, want):
     for d in lines:
         assert abs(float(d["gen"]) - want) / want < 0.10, (d, want)
         assert d["accept_len"] is None
+
+
+# ------------------------------------------------------------------ DDTree budget schedule
+
+SCHEDULE = "1:16,8:4,32:0"
+DDTREE_SCHED = ["--tp-size", "8", "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "{drafter}",
+                "--speculative-num-draft-tokens", "17", "--cuda-graph-max-bs-decode", "32"]
+
+
+def _schedule_env(tmp_path, text: str = SCHEDULE) -> dict:
+    bands = [{"min_bs": int(a), "budget": int(b)} for a, b in (p.split(":") for p in text.split(","))]
+    path = tmp_path / "ddtree-schedule.json"
+    path.write_text(json.dumps({"schedule": text, "bands": bands}))
+    return {"SGLANG_DDTREE_SCHEDULE_FILE": str(path)}
+
+
+def test_budget_schedule_captures_each_band_at_its_width(tmp_path):
+    with Emu(tmp_path, DDTREE_SCHED, env=_schedule_env(tmp_path)) as emu:
+        emu.wait_ready()
+    tp0 = [l for l in emu.lines if " TP0] " in l]
+    assert any(l.endswith(f"DDTree budget schedule: {SCHEDULE} (verify widths 17,5,1)") for l in tp0)
+    begins = [RE_CAPTURE_BEGIN.match(l) for l in tp0 if "target verify CUDA graph begin" in l]
+    ends = [RE_CAPTURE_END.match(l) for l in tp0 if "target verify CUDA graph end" in l]
+    graphs = [(int(b["n"]), [int(x) for x in e["bs"].split(",")]) for b, e in zip(begins, ends)]
+    # one graph per captured batch size, at its band's width: memory does not multiply
+    assert graphs == [(17, list(range(1, 8))), (5, [8] + list(range(10, 31, 2))), (1, [32])]
+    draft_end = [RE_CAPTURE_END.match(l) for l in tp0 if "draft decode CUDA graph end" in l][0]
+    assert 32 not in [int(x) for x in draft_end["bs"].split(",")]   # budget 0: no drafter graph
+
+
+def test_budget_schedule_steps_follow_the_running_batch_and_stay_lossless(tmp_path):
+    args = DDTREE_SCHED + ["--decode-log-interval", "4"]
+    with Emu(tmp_path / "s", args, env=_schedule_env(tmp_path)) as emu:
+        emu.wait_ready()
+        t0 = time.monotonic()
+        emu.load(1, 64)
+        c1 = 64 / (time.monotonic() - t0)
+        emu.load(32, 64)
+        lines = decodes(emu)
+    by_batch = {}
+    for d in lines:
+        by_batch.setdefault(int(d["running"]), []).append(float(d["accept_len"]))
+    assert max(by_batch[1]) - 1 <= 16 and min(by_batch[1]) > 3.0           # budget 16's tree at batch 1
+    assert all(a == 1.0 for a in by_batch[32][1:])                          # budget 0: no drafts at batch 32
+    model16 = perf.Model("tp", "DDTREE", 17)
+    assert c1 > 0.7 * model16.throughput_for(1, perf.domain_of("w0_0 w0_1"))
+    assert _greedy(tmp_path / "g", args, env=_schedule_env(tmp_path)) == _greedy(tmp_path / "ar", ["--tp-size", "8"])
+
+
+def test_a_schedule_the_plugin_would_reject_fails_the_start(tmp_path):
+    env = _schedule_env(tmp_path, "1:8,8:4")   # widest band needs 9 draft tokens, the server says 17
+    emu = Emu(tmp_path, DDTREE_SCHED, env=env)
+    assert emu.wait_exit() == 1
+    assert "ValueError: DDTREE budget schedule" in emu.text() and "--speculative-num-draft-tokens 9" in emu.text()
+
+
+def test_fault_wrong_verify_tokens_hits_one_band_and_validate_names_it(tmp_path):
+    journal = _journal()
+    with Emu(tmp_path, DDTREE_SCHED, env=_schedule_env(tmp_path),
+             faults={"wrong_verify_tokens": {"num_tokens_per_req": 8, "band": 1}}) as emu:
+        emu.wait_ready()
+    begins = {RE_CAPTURE_BEGIN.match(l)["n"] for l in emu.lines if "target verify CUDA graph begin" in l}
+    assert begins == {"17", "8", "1"}
+    if journal is None:
+        return
+    from opsctl.config import resolve_profile
+    from opsctl.validate import validate_startup
+
+    found = {f.check: f for f in validate_startup(journal.parse(emu.text()), resolve_profile(
+        "ddtree", budget_schedule=SCHEDULE))}
+    bad = found["capture.band_widths"]
+    assert not bad.ok and "batch 8-30 (budget 4)" in bad.diagnosis and "captured with 8 tokens/request" in bad.diagnosis
+    assert "needs 5" in bad.diagnosis and "every rank (8)" in bad.diagnosis

@@ -46,19 +46,31 @@ def tuned_lab(clean_lab, tmp_path_factory):
     return clean_lab
 
 
-def test_tune_finds_the_budget_per_level_and_restores_the_live_release(tuned_lab, tmp_path):
+def test_tune_finds_the_budget_per_level_measures_its_schedule_and_restores_the_live_release(tuned_lab, tmp_path):
     p = opsctl("tune", "ddtree", "--budgets", "4,16", "--yes", "--json", "--out", str(tmp_path / "t"),
                inv=tuned_lab.inv)
     assert p.returncode == 0, p.stderr
     res = json.loads(p.stdout.splitlines()[-1])
-    assert [t["status"] for t in res["trials"]] == ["measured", "measured"]
+    assert [t["status"] for t in res["trials"]] == ["measured", "measured", "measured"], res["trials"]
     assert res["best"] == {"1": 16, "32": 0}  # the model: budget 16 wins alone, nothing beats AR at 32
     assert res["schedule"] == "1:16,32:0"
-    assert res["recommendation"] is None and "keep the baseline" in res["reason"]
+    single4, single16, sched = res["trials"]
+    assert sched["schedule"] == "1:16,32:0" and sched["release"].startswith("ddtree-s1b16-32b0-")
+    lv = {c: sched["levels"][c] for c in ("1", "32")}
+    # the schedule speculates where that wins and steps aside where it loses: budget 16's tree at C=1,
+    # plain decoding at C=32, where each single budget is far below the baseline
+    assert lv["1"]["low"] > 1.5
+    assert lv["32"]["tok_s"] > 1.3 * max(single4["levels"]["32"]["tok_s"], single16["levels"]["32"]["tok_s"])
+    assert lv["32"]["speedup"] > 0.93
+    if res["recommended_schedule"] is None:  # only when C=32's interval fell wholly below 1 by chance
+        assert "schedule 1:16,32:0: below the baseline at C=32" in res["reason"], res["reason"]
+    else:
+        assert res["recommended_schedule"] == "1:16,32:0" and res["reason"].startswith("schedule 1:16,32:0")
+    assert res["recommendation"] is None
     assert current(tuned_lab) == tuned_lab.baseline  # restored
     recs = ledger(tuned_lab)
     trials = [r for r in recs if r.get("result") == "trial"]
-    assert len(trials) == 2 and all(r["trial"] for r in trials)
+    assert len(trials) == 3 and all(r["trial"] for r in trials)
     st = json.loads(opsctl("status", "--json", inv=tuned_lab.inv).stdout)[0]
     assert st["last_good"] == tuned_lab.baseline  # a trial never becomes the last good release
     assert (tmp_path / "t" / "tune.png").stat().st_size > 5000

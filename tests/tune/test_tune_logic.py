@@ -38,17 +38,35 @@ def test_a_win_inside_the_noise_does_not_count():
 
 
 def test_recommendation_when_speculation_wins_at_low_concurrency_only_is_keep_the_baseline():
-    trials = [trial(8, {1: 2.2, 8: 1.3, 32: 0.95, 64: 0.8}), trial(16, {1: 2.8, 8: 1.2, 32: 0.9, 64: 0.6})]
-    budget, reason = recommend(trials, LEVELS, BASE)
-    assert budget is None
+    trials = [trial(8, {1: 2.2, 8: 1.3, 32: 0.93, 64: 0.8}), trial(16, {1: 2.8, 8: 1.2, 32: 0.9, 64: 0.6})]
+    best, reason = recommend(trials, LEVELS, BASE)
+    assert best is None
     assert reason.startswith("no budget beats the baseline at these levels: keep the baseline")
     assert "budget 8: below the baseline at C=32,64" in reason
 
 
 def test_recommendation_takes_the_best_weighted_throughput_without_a_losing_level():
-    trials = [trial(4, {1: 1.6, 8: 1.2, 32: 1.05, 64: 1.01}), trial(8, {1: 2.2, 8: 1.3, 32: 1.1, 64: 0.99})]
-    budget, reason = recommend(trials, LEVELS, BASE)
-    assert budget == 4 and "no level below the baseline" in reason and "+" in reason
+    trials = [trial(4, {1: 1.6, 8: 1.2, 32: 1.05, 64: 1.01}), trial(8, {1: 2.2, 8: 1.3, 32: 1.1, 64: 0.9})]
+    best, reason = recommend(trials, LEVELS, BASE)
+    assert best is not None and best.budget == 4 and "no level proven below the baseline" in reason and "+" in reason
+
+
+def test_a_loss_inside_the_noise_does_not_disqualify():
+    """A level whose interval still holds 1 is not proven slower (as a win inside the noise
+    is not proven faster): 0.97 +- 0.05 at C=64 keeps budget 8 in the running."""
+    trials = [trial(4, {1: 1.6, 8: 1.2, 32: 1.05, 64: 1.01}), trial(8, {1: 2.2, 8: 1.3, 32: 1.1, 64: 0.97})]
+    best, _ = recommend(trials, LEVELS, BASE)
+    assert best is not None and best.budget == 8
+
+
+def test_the_schedule_trial_is_recommended_when_it_wins_and_never_enters_best_per_level():
+    single = [trial(8, {1: 2.2, 8: 1.3, 32: 0.9, 64: 0.8}), trial(16, {1: 2.8, 8: 1.2, 32: 0.8, 64: 0.6})]
+    sched = trial(16, {1: 2.8, 8: 1.3, 32: 1.0, 64: 1.0})
+    sched.schedule = "1:16,8:8,32:0"
+    best, reason = recommend(single + [sched], LEVELS, BASE)
+    assert best is sched and reason.startswith("schedule 1:16,8:8,32:0: traffic-weighted")
+    assert best_per_level(single + [sched], LEVELS) == best_per_level(single, LEVELS)
+    assert not should_stop(single + [sched])
 
 
 def test_early_stop_after_two_falls_at_every_level():

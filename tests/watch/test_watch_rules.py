@@ -244,3 +244,28 @@ def test_ledger_is_read_incrementally_and_again_when_rewritten(tmp_path):
     led.write_text(json.dumps({"action": "rollback", "result": "ok"}) + "\n")   # reset (shorter): read from 0
     recs, _, reread = agent.read_ledger(str(tmp_path), pos2)
     assert reread and [r["action"] for r in recs] == ["rollback"]
+
+
+def test_a_budget_schedules_undrafted_batches_do_not_count_against_the_accept_floor():
+    assert agent.undrafted_ranges("1:16,8:4,32:0", 32) == [[31, None]]   # 31 replays at the graph for 32
+    assert agent.undrafted_ranges("1:0,8:16", 32) == [[1, 7]]
+    assert agent.undrafted_ranges("1:16,64:0", 32) == [[64, None]]       # 33-63 run eagerly in the 1:16 band
+    rules = {**RULES, "undrafted_batches": agent.undrafted_ranges("1:16,8:4,32:0", 32)}
+    busy = [decode_sample(100 + i, accept=1.0, running=32) for i in range(6)]
+    low = [decode_sample(200 + i, accept=4.8, running=2) for i in range(6)]
+    f = by_rule(agent.evaluate(busy + low, rules, 3, 600, 300))
+    assert f["accept_length"]["status"] == "ok" and f["accept_length"]["samples"] == 6
+    f = by_rule(agent.evaluate(busy + low, RULES, 3, 600, 300))   # without the schedule: the busy samples drag it
+    assert f["accept_length"]["observed"] < 4.8
+    collapsed = [decode_sample(200 + i, accept=1.3, running=2) for i in range(6)]
+    f = by_rule(agent.evaluate(busy + collapsed, rules, 3, 600, 300))
+    assert f["accept_length"]["status"] == "breach"
+
+
+def test_rules_for_a_schedule_release_come_from_its_manifest(tmp_path):
+    a = agent.Watch.__new__(agent.Watch)
+    a.cfg = {"rules": {}, "default_rules": dict(RULES)}
+    rules = a.rules_for({"profile": {"name": "ddtree", "kind": "ddtree", "budget_schedule": "1:16,8:4,32:0",
+                                     "cuda_graph_max_bs": 32}})
+    assert rules["undrafted_batches"] == [[31, None]]
+    assert "undrafted_batches" not in a.rules_for({"profile": {"name": "ddtree", "kind": "ddtree", "budget": 16}})

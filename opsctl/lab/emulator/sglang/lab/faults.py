@@ -5,10 +5,12 @@ OPSCTL_LAB_FAULTS overrides the path (emulator tests running outside the lab).
 
 name                 params (defaults)                         symptom
 capture_failure      message="CUDA error: out of memory"       `Capture cuda graph failed: ...` + hints, exit 1
-wrong_verify_tokens  num_tokens_per_req=8, crash=false         verify graph captured with 8 tokens/req (block
+wrong_verify_tokens  num_tokens_per_req=8, crash=false, band=0 verify graph captured with 8 tokens/req (block
                                                                size, not budget+1); decode lines' accept rate
                                                                implies 8 draft tokens; crash=true: the first
-                                                               verify replay dies with a tensor size mismatch
+                                                               verify replay dies with a tensor size mismatch.
+                                                               With a DDTree budget schedule: only band `band`'s
+                                                               graphs get the wrong width
 slow_start           load_s=30, warmup_s=0                     weights load for load_s more (port closed), then
                                                                /health* answer 503 for warmup_s more
 crash_after          requests=5, exit_code=1                   the scheduler dies after N finished requests
@@ -43,7 +45,7 @@ DEFAULT_PATH = "/etc/opsctl-lab/faults.json"
 
 DEFAULTS: dict[str, dict] = {
     "capture_failure": {"message": "CUDA error: out of memory"},
-    "wrong_verify_tokens": {"num_tokens_per_req": 8, "crash": False},
+    "wrong_verify_tokens": {"num_tokens_per_req": 8, "crash": False, "band": 0},
     "slow_start": {"load_s": 30.0, "warmup_s": 0.0},
     "crash_after": {"requests": 5, "exit_code": 1},
     "accept_collapse": {"accept_len": 1.58, "cpu_tree_ms_per_req": 1.0},

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from sglang.lab import faults as faults_mod
 from sglang.lab import flags, gpu, perf
+from sglang.lab import schedule as schedule_mod
 from sglang.lab.log import log, fatal_traceback
 
 BUILTIN_ALGOS = {"DFLASH", "EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DSPARK", "UNO", "FROZEN_KV_MTP"}
@@ -167,36 +168,63 @@ def main(argv: list[str] | None = None) -> None:
     graphs_off = args.disable_decode_cuda_graph or args.disable_cuda_graph or args.cuda_graph_backend_decode == "disabled"
     backend = args.cuda_graph_backend_decode or "full"
     capture_bs = [] if graphs_off else _capture_bs(args, bool(algo))
+    schedule = None
+    if algo == "DDTREE":
+        try:
+            schedule = schedule_mod.load(int(width), capture_bs)
+        except ValueError as exc:
+            fatal_traceback([("sglang_ddtree/plugin.py", 88, "validate_server_args", "raise ValueError(...)")],
+                            f"ValueError: {exc}")
+    if schedule is not None:
+        captured_width = int(width)  # the wrong_verify_tokens fault then hits one band, not the server
+        if wvt and int(wvt.get("band", 0)) >= len(schedule.bands):
+            wvt = {**wvt, "band": 0}
+        for r in ranks:
+            log(f"DDTree budget schedule: {schedule.text} (verify widths {','.join(map(str, schedule.widths))})", r)
+    # (num_tokens_per_req, batch sizes) per target-verify graph: one width per captured bs
+    if schedule is None:
+        groups = [(captured_width, capture_bs)]
+        drafted_bs = capture_bs
+    else:
+        groups = [(b + 1, sizes) for (_, b), sizes in zip(schedule.bands, schedule.captured_by_band()) if sizes]
+        drafted_bs = [bs for (_, b), sizes in zip(schedule.bands, schedule.captured_by_band()) if b > 0
+                      for bs in sizes]
+        if wvt:  # the fault: one band's graphs captured at the wrong width (band index `band`, default 0)
+            band_i = int(wvt.get("band", 0))
+            lo_bs = schedule.captured_by_band()[band_i] if band_i < len(schedule.bands) else []
+            groups = [(int(wvt["num_tokens_per_req"]) if sizes == lo_bs else w, sizes) for w, sizes in groups]
     cap = active.get("capture_failure")
     if not graphs_off:
         name = "target verify" if algo else "target decode"
-        for r in ranks:
-            log(f"Capture {name} CUDA graph begin. backend={backend}, num_tokens_per_req={captured_width}, "
-                f"avail mem={avail:.2f} GB", r)
-        time.sleep(0.05)
-        if cap:
-            from sglang.lab.runtime_msgs import CAPTURE_FAILED_HINTS
+        for gi, (gwidth, gbs) in enumerate(groups):
+            for r in ranks:
+                log(f"Capture {name} CUDA graph begin. backend={backend}, num_tokens_per_req={gwidth}, "
+                    f"avail mem={avail:.2f} GB", r)
+            time.sleep(0.05)
+            if cap:
+                from sglang.lab.runtime_msgs import CAPTURE_FAILED_HINTS
 
-            fatal_traceback(
-                [("sglang/srt/managers/scheduler.py", 3472, "run_scheduler_process",
-                  "scheduler = Scheduler(server_args, port_args, gpu_id, tp_rank, moe_ep_rank, pp_rank, dp_rank)"),
-                 ("sglang/srt/model_executor/model_runner_components/cuda_graph_setup.py", 780,
-                  "capture_decode_graph", "runner = GraphRunnerCls(model_runner)"),
-                 ("sglang/srt/model_executor/runner/decode_cuda_graph_runner.py", 602, "__init__",
-                  "raise Exception(")],
-                f"Exception: Capture cuda graph failed: {cap['message']}\n{CAPTURE_FAILED_HINTS}",
-                rank=ranks[0], prefix="Scheduler hit an exception: ", sigquit=True)
-        mem_use = 0.42 + 0.004 * captured_width * (max(capture_bs) if capture_bs else 1) / 8
-        for r in ranks:
-            log(f"Capture {name} CUDA graph end. bs={capture_bs}, elapsed=2.17 s, mem usage={mem_use:.2f} GB, "
-                f"avail mem={avail - mem_use:.2f} GB.", r)
-        if algo in ("DFLASH", "DDTREE"):
+                fatal_traceback(
+                    [("sglang/srt/managers/scheduler.py", 3472, "run_scheduler_process",
+                      "scheduler = Scheduler(server_args, port_args, gpu_id, tp_rank, moe_ep_rank, pp_rank, dp_rank)"),
+                     ("sglang/srt/model_executor/model_runner_components/cuda_graph_setup.py", 780,
+                      "capture_decode_graph", "runner = GraphRunnerCls(model_runner)"),
+                     ("sglang/srt/model_executor/runner/decode_cuda_graph_runner.py", 602, "__init__",
+                      "raise Exception(")],
+                    f"Exception: Capture cuda graph failed: {cap['message']}\n{CAPTURE_FAILED_HINTS}",
+                    rank=ranks[0], prefix="Scheduler hit an exception: ", sigquit=True)
+            mem_use = 0.42 + 0.004 * gwidth * (max(gbs) if gbs else 1) / 8
+            for r in ranks:
+                log(f"Capture {name} CUDA graph end. bs={gbs}, elapsed=2.17 s, mem usage={mem_use:.2f} GB, "
+                    f"avail mem={avail - mem_use:.2f} GB.", r)
+            avail -= mem_use
+        if algo in ("DFLASH", "DDTREE") and drafted_bs:
             for r in ranks:
                 log(f"Capture draft decode CUDA graph begin. backend={backend}, num_tokens_per_req={block_size}, "
-                    f"avail mem={avail - mem_use:.2f} GB", r)
+                    f"avail mem={avail:.2f} GB", r)
             for r in ranks:
-                log(f"Capture draft decode CUDA graph end. bs={capture_bs}, elapsed=0.83 s, mem usage=0.12 GB, "
-                    f"avail mem={avail - mem_use - 0.12:.2f} GB.", r)
+                log(f"Capture draft decode CUDA graph end. bs={drafted_bs}, elapsed=0.83 s, mem usage=0.12 GB, "
+                    f"avail mem={avail - 0.12:.2f} GB.", r)
     max_running = args.max_running_requests or 256
     log(f"max_total_num_tokens={MAX_TOTAL_TOKENS}, chunked_prefill_size={args.chunked_prefill_size or 8192}, "
         f"max_prefill_tokens={args.max_prefill_tokens or 16384}, max_running_requests={max_running}, "
@@ -205,8 +233,13 @@ def main(argv: list[str] | None = None) -> None:
 
     from sglang.lab.server import Emulator
 
+    band_widths = None
+    if schedule is not None:  # what each band's graphs were captured at (the fault changes one)
+        band_widths = [b + 1 for _, b in schedule.bands]
+        if wvt:
+            band_widths[int(wvt.get("band", 0))] = int(wvt["num_tokens_per_req"])
     emu = Emulator(args=args, model=model, algo=algo, width=int(width), captured_width=captured_width,
-                   capture_bs=capture_bs, max_running=max_running, faults=active, tp_prefix=ranks[0],
+                   capture_bs=capture_bs, schedule=schedule, band_captured_widths=band_widths, max_running=max_running, faults=active, tp_prefix=ranks[0],
                    max_total_tokens=MAX_TOTAL_TOKENS, context_len=args.context_length or
                    model_cfg.get("max_position_embeddings", 262144))
     try:

@@ -115,10 +115,12 @@ class Model:
     def throughput_for(self, concurrency: int, domain: str) -> float:
         return concurrency * self.accept_len_for(domain) / (self.step_ms(concurrency) / 1000.0)
 
-    def step_ms(self, batch: int) -> float:
+    def step_ms(self, batch: int, width: int | None = None, drafting: bool | None = None) -> float:
+        """One decode step; `width`/`drafting` override the server's for a DDTree budget
+        schedule's band (budget 0: width 1 and no drafter forward)."""
         p = PARALLEL[self.parallel]
-        t = p["fixed_ms"] + p["per_token_ms"] * batch * self.width
-        if self.speculative:
+        t = p["fixed_ms"] + p["per_token_ms"] * batch * (self.width if width is None else width)
+        if self.speculative if drafting is None else drafting:
             t += DRAFT_FIXED_MS + DRAFT_PER_REQ_MS * batch
         t += self.cpu_tree_ms_per_req * batch
         return t

@@ -70,13 +70,17 @@ class Histogram:
 
 class Emulator:
     def __init__(self, *, args, model, algo, width, captured_width, capture_bs, max_running, faults, tp_prefix,
-                 max_total_tokens, context_len):
+                 max_total_tokens, context_len, schedule=None, band_captured_widths=None):
         self.args = args
         self.model = model
         self.algo = algo
         self.width = width
         self.captured_width = captured_width
         self.capture_bs = capture_bs
+        # DDTree budget schedule: the step's verify width follows the running batch's band
+        self.schedule = schedule
+        self.band_captured_widths = band_captured_widths
+        self.step_budget = width - 1 if algo else 0
         self.max_running = max_running
         self.faults = faults
         self.rank = tp_prefix
@@ -301,7 +305,15 @@ class Emulator:
                 continue
             if not self.running:
                 continue
-            if self.crash_on_verify:
+            batch = len(self.running)
+            if self.schedule is not None:
+                bi = self.schedule.index(batch)
+                self.step_budget = self.schedule.bands[bi][1]
+                step_width = self.step_budget + 1
+                band_mismatch = self.band_captured_widths[bi] != step_width and batch <= max(self.capture_bs or [0])
+            else:
+                step_width, band_mismatch = self.width, True
+            if self.crash_on_verify and band_mismatch:
                 b = len(self.running)
                 fatal_traceback(
                     [("sglang/srt/managers/scheduler.py", 3480, "run_scheduler_process", "scheduler.event_loop_overlap()"),
@@ -309,11 +321,11 @@ class Emulator:
                       "self.replay_prepare(forward_batch, pp_proxy_tensors)"),
                      ("sglang/srt/model_executor/runner/decode_cuda_graph_runner.py", 1187, "replay_prepare",
                       "self.buffers.input_ids[: self.raw_num_token].copy_(forward_batch.input_ids)")],
-                    f"RuntimeError: The size of tensor a ({b * self.captured_width}) must match the size of "
-                    f"tensor b ({b * self.width}) at non-singleton dimension 0",
+                    f"RuntimeError: The size of tensor a ({b * (self.band_captured_widths[bi] if self.schedule else self.captured_width)}) must match the size of "
+                    f"tensor b ({b * step_width}) at non-singleton dimension 0",
                     rank=self.rank, prefix="Scheduler hit an exception: ", sigquit=True)
-            batch = len(self.running)
-            t_next = after(self.model.step_ms(batch) / 1000.0)
+            t_next = after(self.model.step_ms(batch, width=step_width,
+                                              drafting=self.step_budget > 0 if self.schedule else None) / 1000.0)
             await until(t_next)
             now = time.monotonic()
             for r in self.running:
@@ -351,8 +363,12 @@ class Emulator:
 
     def _healthy_drafts_per_round(self, r: Req) -> float:
         base = self.accept_len - 1.0
+        cap = float(self.width - 1)
+        if self.schedule is not None:  # this step's band: its budget's acceptance, at most its tree
+            cap = float(self.step_budget)
+            base = perf.ddtree_accept_len(self.step_budget, self.model.block_size) - 1.0 if self.step_budget else 0.0
         if self.model.accept_override is not None:  # the site's collapse: measured, not domain-scaled
-            return base
+            return min(self.model.accept_override - 1.0, cap)
         factor = perf.DOMAIN_FACTOR.get(r.domain, 1.0)
         loop = self.faults.get("random_loop")
         if loop:
@@ -360,7 +376,7 @@ class Emulator:
         skew = self.faults.get("code_wins_chat_loses")
         if skew and r.domain in skew:
             factor = float(skew[r.domain])
-        return max(0.0, min(base * factor, float(self.width - 1)))
+        return max(0.0, min(base * factor, cap))
 
     def _log_decode(self, batch: int) -> None:
         now = time.monotonic()

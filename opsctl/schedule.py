@@ -1,0 +1,182 @@
+"""DDTree budget schedules: the node budget by running batch size.
+
+`1:32,8:16,32:8,64:0` reads "batches of 1-7 requests get budget 32, 8-31 get 16,
+32-63 get 8, 64 and more get 0" (0: no tree, the drafter is not run, the bonus token
+is verified alone). The runtime (runtime/README.md, "Budget schedule") reads the same
+bands from a JSON file named by SGLANG_DDTREE_SCHEDULE_FILE and picks the band as
+SGLang 0.5.23's adaptive speculation does: the running batch is first padded to the
+CUDA-graph batch size it replays at, so each captured batch size lives in exactly one
+band and its target-verify graph is captured once, at that band's width.
+
+Pure: parsing and checks only, no I/O. Errors are ConfigError (one line + the fix).
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import re
+from dataclasses import dataclass
+
+from opsctl.errors import ConfigError
+
+SCHEDULE_FILE = "ddtree-schedule.json"
+SCHEDULE_ENV = "SGLANG_DDTREE_SCHEDULE_FILE"
+# The runtime's fused Triton tree kernel handles budgets up to 64 (one program per
+# request, on registers); above that it falls back to a torch beam (exact, slower:
+# more launches per step). A schedule only gets such a band when the profile opts in.
+FUSED_TREE_MAX_BUDGET = 64
+RUNTIME_MAX_BUDGET = 1024
+_BAND = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
+EXAMPLE = "1:32,8:16,32:8,64:0"
+
+
+@dataclass(frozen=True)
+class Band:
+    min_bs: int
+    budget: int
+
+    @property
+    def width(self) -> int:
+        """Verify tokens per request: the tree's nodes plus the root (the bonus token)."""
+        return self.budget + 1
+
+
+@dataclass(frozen=True)
+class BudgetSchedule:
+    bands: tuple[Band, ...]
+
+    @property
+    def text(self) -> str:
+        return ",".join(f"{b.min_bs}:{b.budget}" for b in self.bands)
+
+    @property
+    def max_budget(self) -> int:
+        return max(b.budget for b in self.bands)
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        return tuple(b.width for b in self.bands)
+
+    def band_index(self, batch: int, capture_bs: list[int] | None = None) -> int:
+        """The band a running batch of `batch` requests decodes in: padded to the captured
+        batch size it replays at (SGLang's AdaptiveSpeculativeParams._route), then the band
+        whose lower bound is the largest <= that size."""
+        padded = pad_to_captured(batch, capture_bs)
+        idx = bisect.bisect_right([b.min_bs for b in self.bands], padded) - 1
+        return max(idx, 0)
+
+    def band_for(self, batch: int, capture_bs: list[int] | None = None) -> Band:
+        return self.bands[self.band_index(batch, capture_bs)]
+
+    def band_range(self, i: int, capture_bs: list[int] | None = None) -> str:
+        """The running batch sizes of band i; with the captured sizes, as they really fall
+        (a batch of 31 replays at the graph for 32, so `8:16,32:8` gives it budget 8)."""
+        lo = self.bands[i].min_bs
+        if i + 1 < len(self.bands):
+            hi = self.bands[i + 1].min_bs - 1
+            if capture_bs:
+                below = [b for b in capture_bs if b <= hi]
+                hi = max(below) if below and max(below) >= lo else hi
+            return f"{lo}" if hi == lo else f"{lo}-{hi}"
+        return f"{lo}+"
+
+    def captured_by_band(self, capture_bs: list[int]) -> list[list[int]]:
+        """The captured batch sizes of each band (a captured size is its own padding)."""
+        out: list[list[int]] = [[] for _ in self.bands]
+        for bs in sorted(set(capture_bs)):
+            out[self.band_index(bs, capture_bs)].append(bs)
+        return out
+
+    def to_json(self) -> str:
+        """The file the runtime reads (SGLANG_DDTREE_SCHEDULE_FILE)."""
+        doc = {"schedule": self.text,
+               "bands": [{"min_bs": b.min_bs, "budget": b.budget} for b in self.bands]}
+        return json.dumps(doc, indent=2) + "\n"
+
+    def describe(self, capture_bs: list[int] | None = None) -> list[str]:
+        rows = []
+        by_band = self.captured_by_band(capture_bs) if capture_bs else None
+        for i, b in enumerate(self.bands):
+            what = "no tree, drafter off" if b.budget == 0 else f"budget {b.budget}"
+            row = f"batch {self.band_range(i, capture_bs)}: {what} (verify width {b.width})"
+            if by_band is not None:
+                row += f", graphs for bs {_short_list(by_band[i])}" if by_band[i] else ", no graph"
+            rows.append(row)
+        return rows
+
+
+def _short_list(xs: list[int]) -> str:
+    return "[" + ", ".join(map(str, xs)) + "]" if len(xs) <= 6 else f"[{xs[0]}, {xs[1]}, ..., {xs[-1]}] ({len(xs)})"
+
+
+def parse(text: str, *, what: str = "--budget-schedule") -> BudgetSchedule:
+    """`MIN_BS:BUDGET[,MIN_BS:BUDGET...]`, first band at 1, bounds strictly increasing."""
+    fix = f"write bands as MIN_BATCH:BUDGET in increasing batch order, from 1, e.g. {what} {EXAMPLE}"
+    if not text or not text.strip():
+        raise ConfigError(f"{what} is empty", fix)
+    bands: list[Band] = []
+    for part in text.split(","):
+        m = _BAND.match(part)
+        if not m:
+            raise ConfigError(f"{what} {text!r}: band {part.strip()!r} is not MIN_BATCH:BUDGET", fix)
+        lo, budget = int(m.group(1)), int(m.group(2))
+        if lo < 1:
+            raise ConfigError(f"{what} {text!r}: batch size {lo} is below 1", fix)
+        if budget > RUNTIME_MAX_BUDGET:
+            raise ConfigError(f"{what} {text!r}: budget {budget} is above the runtime's {RUNTIME_MAX_BUDGET}",
+                              "use budgets of 0..64 (the fused tree kernel's range)")
+        if bands and lo == bands[-1].min_bs:
+            raise ConfigError(f"{what} {text!r}: two bands start at batch {lo} (bands overlap)", fix)
+        if bands and lo < bands[-1].min_bs:
+            raise ConfigError(f"{what} {text!r}: band {lo}:{budget} comes after {bands[-1].min_bs}:"
+                              f"{bands[-1].budget} (bands must be sorted by batch size)", fix)
+        bands.append(Band(lo, budget))
+    if bands[0].min_bs != 1:
+        raise ConfigError(f"{what} {text!r}: the first band starts at batch {bands[0].min_bs}, "
+                          "so a batch of 1 has no budget", f"start with 1:BUDGET, e.g. {what} 1:32,{text}")
+    if all(b.budget == 0 for b in bands):
+        raise ConfigError(f"{what} {text!r}: every band has budget 0 (no speculation at all)",
+                          "deploy the autoregressive baseline (ar-tp8) instead, or give a band a budget")
+    return BudgetSchedule(tuple(bands))
+
+
+def captured_batch_sizes(max_bs: int, max_running_requests: int | None = None) -> list[int]:
+    """The decode batch sizes SGLang 0.5.23 captures for a speculative server with
+    --cuda-graph-max-bs-decode `max_bs` (generate_decode_cuda_graph_batch_sizes, spec
+    case; clamped to --max-running-requests as get_batch_sizes_to_capture does)."""
+    bs = (list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 65, 4)) + list(range(72, 257, 8))
+          + list(range(272, max_bs + 1, 16)))
+    bs = [b for b in bs if b <= max_bs]
+    if max_bs not in bs:
+        bs.append(max_bs)
+    if max_running_requests:
+        if max(bs) > max_running_requests:
+            bs.append(max_running_requests)
+        bs = [b for b in bs if b <= max_running_requests]
+    return sorted(set(bs))
+
+
+def pad_to_captured(batch: int, capture_bs: list[int] | None) -> int:
+    if not capture_bs:
+        return batch
+    cs = sorted(capture_bs)
+    i = bisect.bisect_left(cs, batch)
+    return cs[i] if i < len(cs) else batch
+
+
+def check_for_server(schedule: BudgetSchedule, *, capture_bs: list[int],
+                     allow_torch_beam: bool, what: str = "--budget-schedule") -> None:
+    """Refuse a schedule the server would reject or serve badly, before anything is staged."""
+    by_band = schedule.captured_by_band(capture_bs)
+    for i, (band, sizes) in enumerate(zip(schedule.bands, by_band)):
+        if not sizes and (i + 1 < len(schedule.bands) or band.min_bs <= max(capture_bs)):
+            nxt = pad_to_captured(band.min_bs, capture_bs)
+            raise ConfigError(
+                f"{what} {schedule.text}: band {band.min_bs}:{band.budget} (batch {schedule.band_range(i)}) "
+                f"holds no captured batch size (a batch of {band.min_bs} replays at the graph for {nxt})",
+                f"start bands at captured sizes ({_short_list(capture_bs)}), or drop the band")
+        if band.budget > FUSED_TREE_MAX_BUDGET and not allow_torch_beam:
+            raise ConfigError(
+                f"{what} {schedule.text}: budget {band.budget} is above the fused tree kernel's "
+                f"{FUSED_TREE_MAX_BUDGET}", "use budgets up to 64, or set tree_torch_fallback: true in the "
+                "profile (opsctl.profiles.ddtree) to accept the slower torch beam")
