@@ -126,15 +126,27 @@ def _worth_a_trial(schedule: str) -> bool:
     return len(bands) > 1 and any(b > 0 for _, b in bands)
 
 
-def schedule_text(best: dict[int, int]) -> str:
-    """Bands of running batch size and their budget, `1:32,8:16,32:8,64:0` (the format of the
-    runtime's budget schedule): each measured level starts a band, the first starts at 1;
-    neighbouring bands with the same budget merge."""
+def schedule_text(best: dict[int, int], capture_bs: list[int] | None = None) -> str:
+    """Bands of running batch size and their budget, `1:16,3:4,16:0` (the runtime's budget
+    schedule) from the best budget per level. A load of C concurrent requests decodes in running
+    batches a little under C (requests finish and are admitted between steps), so a level's band
+    starts at the geometric middle between it and the level below, not at C itself; the first
+    starts at 1. A start is moved up to a captured CUDA-graph batch size when those are given
+    (a band must hold one). Neighbouring bands with the same budget merge."""
+    import math
+
+    from opsctl.schedule import pad_to_captured
+
     bands: list[tuple[int, int]] = []
-    for i, c in enumerate(sorted(best)):
-        start = 1 if i == 0 else c
+    levels = sorted(best)
+    for i, c in enumerate(levels):
         if bands and bands[-1][1] == best[c]:
             continue
+        start = 1 if i == 0 else math.ceil(math.sqrt(levels[i - 1] * c) - 1e-9)
+        if capture_bs and i > 0:
+            start = pad_to_captured(start, capture_bs)
+        if bands and start <= bands[-1][0]:
+            continue  # two levels too close to split: the lower level's band keeps them
         bands.append((start, best[c]))
     return ",".join(f"{s}:{b}" for s, b in bands)
 
@@ -260,7 +272,8 @@ def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None,
                                                        "in a row)"))
                     continue
                 run_trial(profiles[b], f"budget {b}", b, None)
-            sched = schedule_text(best_per_level(trials, levels))
+            sched = schedule_text(best_per_level(trials, levels), next(iter(profiles.values())).captured_batch_sizes
+                                  if profiles else None)
             if schedule_trial and _worth_a_trial(sched):
                 try:
                     sched_profile = host.profile(profile_name, budget_schedule=sched)
@@ -295,7 +308,8 @@ def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None,
                           "run the tune again when ready", signal_name=interrupted.signal_name)
     best = best_per_level(trials, levels)
     rec, reason = recommend(trials, levels, base_tok)
-    result = TuneResult(host.name, profile_name, levels, base_tok, trials, best, schedule_text(best),
+    result = TuneResult(host.name, profile_name, levels, base_tok, trials, best,
+                        schedule_text(best, next(iter(profiles.values())).captured_batch_sizes if profiles else None),
                         rec.budget if rec is not None and not rec.schedule else None, reason,
                         recommended_schedule=rec.schedule if rec is not None else None,
                         restored=restore, restore_s=restore_s)

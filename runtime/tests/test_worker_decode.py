@@ -151,13 +151,30 @@ def stubbed(monkeypatch, tmp_path):
         CaptureHiddenMode=types.SimpleNamespace(FULL="FULL", NULL="NULL"), ForwardBatch=Rec,
         ForwardMode=types.SimpleNamespace(TARGET_VERIFY="TARGET_VERIFY"), enable_num_token_non_padded=lambda: False)
     mod("sglang.srt.speculative.spec_info", SpeculativeAlgorithm=types.SimpleNamespace(DFLASH="DFLASH"))
+    state = {"exec": types.SimpleNamespace(graph=types.SimpleNamespace(cuda_graph_config=types.SimpleNamespace(
+        decode=types.SimpleNamespace(bs=[1, 2, 4, 8], backend="full"))))}
+
+    class Ctx:  # RuntimeContext.override on the resolved config leaves the worker touches
+        def override(self, source, **fields):
+            state.setdefault("overrides", []).append((source, dict(fields)))
+            for k, v in fields.items():
+                if k == "cuda_graph_config":
+                    state["exec"].graph.cuda_graph_config = v
+                else:
+                    setattr(state["spec"], k, v)
+
+    def with_phase(cfg, phase, **changes):
+        ph = dict(vars(getattr(cfg, phase)))
+        ph.update(changes)
+        return types.SimpleNamespace(**{phase: types.SimpleNamespace(**ph)})
+
     mod("sglang.srt.runtime_context",
         get_parallel=lambda: types.SimpleNamespace(attn_dp_enabled=False, tp_group=types.SimpleNamespace(world_size=1)),
-        get_exec=lambda: types.SimpleNamespace(graph=types.SimpleNamespace(cuda_graph_config=types.SimpleNamespace(
-            decode=types.SimpleNamespace(bs=[1, 2, 4, 8])))))
+        get_exec=lambda: state["exec"], get_context=lambda: Ctx(), get_spec=lambda: state["spec"])
+    mod("sglang.srt.model_executor.cuda_graph_config", with_phase=with_phase,
+        Backend=types.SimpleNamespace(DISABLED="disabled", FULL="full"))
     mod("sglang.srt.speculative.dflash_utils", is_dense_head_weight=lambda w: True,
         resolve_dflash_verify_mask_policy=lambda backend: ("TritonAttnBackend", True))
-    state = {}
     dfw = mod("sglang.srt.speculative.dflash_worker_v2",
               get_spec=lambda: state["spec"],
               _resolve_dflash_embedding_module=lambda draft_model, target_model: target_model.get_input_embeddings())
@@ -185,7 +202,7 @@ class Plan:
         return self.write_virtual
 
 
-def _setup(stubbed, L, B, bs, hit, seed, graph=False):
+def _setup(stubbed, L, B, bs, hit, seed, graph=False, n_new=None, capture_bs=(1, 2, 4, 8)):
     dfw, state, DraftInput, tmp = stubbed
     N, blk = B + 1, L + 1
     drafter = tmp / f"drafter{L}"
@@ -195,7 +212,7 @@ def _setup(stubbed, L, B, bs, hit, seed, graph=False):
                                           speculative_use_rejection_sampling=False)
     rng = random.Random(seed)
     g = torch.Generator().manual_seed(seed)
-    n_new = N_NEW
+    n_new = N_NEW if n_new is None else n_new
     row = 40 + 2 * N + n_new
     pool_slots = bs * row + 200
     model = PagedLM(seed, pool_slots)
@@ -243,6 +260,8 @@ def _setup(stubbed, L, B, bs, hit, seed, graph=False):
                        can_run_cuda_graph=False, routed_experts_output=None, indexer_topk_output=None)
 
     heads = []
+    draft_calls = []  # (request, position of the block root) per drafter forward
+    graph_mode = [graph]  # the stand-in draft runner replays a draft graph (mutable: tests switch it on later)
 
     class DraftRunner:
         kv_index_translator = Translator()
@@ -256,14 +275,15 @@ def _setup(stubbed, L, B, bs, hit, seed, graph=False):
             for b in range(bs_):
                 r = int((pool_idx == fb.req_pool_indices[b]).nonzero())
                 p0 = int(pos[b, 0])
+                draft_calls.append((r, p0))
                 assert refs[r][p0] == int(ids[b, 0]), "block root must be the bonus token at position seq_len"
                 hidden[b, 1:] = _dl(refs[r][p0 + 1:p0 + 1 + L], L, hit, rng, g).double()
-            if not graph:
+            if not graph_mode[0]:
                 return Rec(logits_output=Rec(hidden_states=hidden.view(bs_ * blk, V)))
             # a draft CUDA-graph replay: the batch padded to a captured size, the
             # capture tail hook (the head DFlash registered) run on the padded
             # hidden states and input ids; outputs stay in the head's buffers
-            P = next(c for c in (1, 2, 4, 8) if c >= bs_)
+            P = next(c for c in capture_bs if c >= bs_)
             hp = torch.randn(P, blk, V, generator=g, dtype=torch.float64) * 5  # padding rows: garbage
             hp[:bs_] = hidden
             ip = torch.randint(0, V, (P, blk), generator=g)

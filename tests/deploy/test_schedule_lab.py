@@ -13,7 +13,7 @@ import pytest
 
 pytestmark = pytest.mark.lab
 REPO = Path(__file__).resolve().parents[2]
-SCHEDULE = "1:16,8:4,32:0"
+SCHEDULE = "1:16,3:4,16:0"  # what tune derives from the levels 1, 8, 32 (bands start between levels)
 
 
 def opsctl(*args: str, inv: Path, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -49,7 +49,7 @@ def test_schedule_is_deployed_validated_per_band_and_passes_the_gate_at_every_le
     out = json.loads(p.stdout.splitlines()[-1])["outcomes"][0]
     assert out["result"] == "promoted", out
     rel = current(sched_lab)
-    assert rel.startswith("ddtree-s1b16-8b4-32b0-")
+    assert rel.startswith("ddtree-s1b16-3b4-16b0-")
     doc = json.loads(sched_lab.run(f"cat /opt/opsctl/releases/{rel}/ddtree-schedule.json").stdout)
     assert doc["schedule"] == SCHEDULE
     env = sched_lab.run(f"cat /opt/opsctl/releases/{rel}/sglang.env").stdout
@@ -66,8 +66,8 @@ def test_schedule_is_deployed_validated_per_band_and_passes_the_gate_at_every_le
     assert live.returncode == 0, live.stdout[-2000:]
     found = {f["check"]: f for f in json.loads(live.stdout)["findings"]}
     assert found["capture.band_widths"]["ok"]
-    assert "batch 1-7: 17 tokens/request" in found["capture.band_widths"]["diagnosis"]
-    assert "batch 32+: 1 token/request" in found["capture.band_widths"]["diagnosis"]
+    assert "batch 1-2: 17 tokens/request" in found["capture.band_widths"]["diagnosis"]
+    assert "batch 16+: 1 token/request" in found["capture.band_widths"]["diagnosis"]
     human = opsctl("status", inv=sched_lab.inv)
     assert SCHEDULE in human.stdout
 
@@ -75,11 +75,11 @@ def test_schedule_is_deployed_validated_per_band_and_passes_the_gate_at_every_le
 def test_a_band_captured_at_the_wrong_width_is_caught_and_rolled_back(sched_lab):
     before = current(sched_lab)
     with sched_lab.fault("wrong_verify_tokens", num_tokens_per_req=8, band=1, algorithm="DDTREE"):
-        p = opsctl("deploy", "ddtree", "--budget-schedule", "1:16,8:8,32:0", "--yes", "--skip-checks",
+        p = opsctl("deploy", "ddtree", "--budget-schedule", "1:16,3:8,16:0", "--yes", "--skip-checks",
                    inv=sched_lab.inv)
     assert p.returncode != 0, p.stdout[-2000:]
     text = p.stdout + p.stderr
-    assert "capture.band_widths" in text and "batch 8-30 (budget 8)" in text
+    assert "capture.band_widths" in text and "batch 3-14 (budget 8)" in text
     assert "has its verify graph captured with 8 tokens/request" in text
     assert "needs 9" in text
     assert current(sched_lab) == before  # back on the last good release (the schedule that passed)

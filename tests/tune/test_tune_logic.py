@@ -29,7 +29,12 @@ def test_schedule_gives_each_level_its_best_budget_and_zero_where_the_baseline_w
               trial(32, {1: 3.0, 8: 1.0, 32: 0.7, 64: 0.4})]
     best = best_per_level(trials, LEVELS)
     assert best == {1: 32, 8: 8, 32: 8, 64: 0}
-    assert schedule_text(best) == "1:32,8:8,64:0"
+    # bands start between the levels (a load of C decodes in batches a little under C)
+    assert schedule_text(best) == "1:32,3:8,46:0"
+    # ... moved up to a captured graph batch size, so every band holds one
+    assert schedule_text(best, [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]) == "1:32,4:8,48:0"
+    assert schedule_text({1: 16, 2: 8}, [1, 2]) == "1:16,2:8"
+    assert schedule_text({1: 16, 32: 0}) == "1:16,6:0"
 
 
 def test_a_win_inside_the_noise_does_not_count():

@@ -27,12 +27,14 @@ import logging
 from typing import Any, Optional
 
 from .config import budget_from_num_draft_tokens, read_block_size
+from .schedule import ENV_SCHEDULE_FILE, BudgetSchedule, load_schedule
 
 logger = logging.getLogger(__name__)
 
 ALGO_NAME = "DDTREE"
 DUMMY_VERIFY_TARGET = "sglang.srt.speculative.spec_info.create_dummy_verify_input"
 GRAPH_SPEC_INFO_TARGET = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info"
+CAPTURE_DECODE_TARGET = "sglang.srt.model_executor.model_runner_components.cuda_graph_setup.capture_decode_graph"
 
 _SPEC_CLASS = None
 
@@ -49,7 +51,9 @@ def _cfg(server_args: Any) -> Any:
 def validate_server_args(server_args: Any) -> None:
     """Raise ValueError for a DDTREE configuration that cannot work."""
     cfg = _cfg(server_args)
-    budget_from_num_draft_tokens(getattr(cfg, "speculative_num_draft_tokens", None))
+    # one band (budget = num_draft_tokens - 1), or the budget schedule file
+    # (SGLANG_DDTREE_SCHEDULE_FILE): malformed / widest width != num_draft_tokens -> ValueError
+    load_schedule(getattr(cfg, "speculative_num_draft_tokens", None))
     if not getattr(cfg, "speculative_draft_model_path", None):
         raise ValueError("DDTREE requires --speculative-draft-model-path (the DFlash drafter).")
     if getattr(cfg, "speculative_dflash_block_size", None) is not None:
@@ -101,6 +105,8 @@ def _make_spec_class():
             if is_draft_worker:
                 # the drafter's forward is one block: bonus + (block_size - 1) masks
                 return int(self.block_size or read_block_size(None))
+            if int(num_draft_tokens) == 1:
+                return 1  # a budget-0 band of the schedule: the bonus token alone
             budget = budget_from_num_draft_tokens(num_draft_tokens)
             return budget + 1
 
@@ -129,7 +135,7 @@ def make_dummy_verify_input(custom_mask, num_tokens_per_req: int, block_size: Op
         retrieve_next_token=None,
         retrieve_next_sibling=None,
         retrieve_cum_len=None,
-        spec_steps=max(1, min(L, budget)),  # accept_index width = spec_steps + 1 <= budget + 1
+        spec_steps=min(L, budget),  # accept_index width = spec_steps + 1 <= budget + 1 (0 for width 1)
         topk=max(2, budget),  # > 1: a tree (custom mask), not a chain
         draft_token_num=int(num_tokens_per_req),
         capture_hidden_mode=CaptureHiddenMode.FULL,
@@ -170,6 +176,123 @@ def _graph_spec_info_hook(original_fn, runner, *args, **kwargs):
     return make_dummy_verify_input(getattr(buffers, "custom_mask", None), width, getattr(algo, "block_size", None))
 
 
+class BandState:
+    """Runtime resources of one schedule band on the target (SGLang's
+    ``SpecRuntimeState`` for the verify stage): the attention backend built at
+    the band's width and the target-verify graph runner of the band's captured
+    batch sizes (None: cuda graphs disabled / no captured bs)."""
+
+    def __init__(self, index, band, bs, attn_backend, graph_runner):
+        self.index = index
+        self.band = band
+        self.width = band.width
+        self.budget = band.budget
+        self.bs = bs
+        self.attn_backend = attn_backend
+        self.graph_runner = graph_runner
+
+    def __repr__(self):
+        return f"BandState({self.index}, budget={self.budget}, width={self.width}, bs={self.bs})"
+
+
+def _new_attn_backend(model_runner):
+    """A fresh target attention backend (as EAGLE's ``build_adaptive_runtime_state``):
+    built under the band's width override, its own cuda-graph state."""
+    backup = getattr(model_runner, "init_new_workspace", None)
+    try:
+        return model_runner._get_attention_backend(init_new_workspace=True)
+    finally:
+        model_runner.init_new_workspace = backup
+
+
+def capture_banded_verify_graphs(original_fn, model_runner, sched: BudgetSchedule, *, ctx=None, exec_cfg=None,
+                                 spec=None, graphs_on=None, all_bs=None, new_backend=None, with_phase=None):
+    """The target-verify capture for a budget schedule: per band, in order, SGLang's
+    own ``capture_decode_graph`` under an override of the band's width
+    (``speculative_num_draft_tokens``) and captured batch sizes
+    (``cuda_graph_config.decode.bs``), with the band's own attention backend;
+    each captured bs once, at its band's width.  Returns one ``GraphCapture``
+    (the widest band's runner; memory and time summed) and leaves the band
+    states on ``model_runner._ddtree_band_states`` for the worker to switch
+    between.  The keyword arguments replace SGLang's accessors (tests)."""
+    if ctx is None or exec_cfg is None or spec is None or with_phase is None:
+        from sglang.srt.model_executor.cuda_graph_config import with_phase as _wp
+        from sglang.srt.runtime_context import get_context, get_exec, get_spec
+
+        ctx = ctx or get_context()
+        exec_cfg = exec_cfg or get_exec()
+        spec = spec or get_spec()
+        with_phase = with_phase or _wp
+    if graphs_on is None:
+        from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
+
+        graphs_on = not check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED)
+    if graphs_on and all_bs is None:
+        from sglang.srt.model_executor.runner.base_cuda_graph_runner import get_batch_sizes_to_capture
+
+        all_bs, _ = get_batch_sizes_to_capture(model_runner, sched.budget_max + 1)
+    new_backend = new_backend or _new_attn_backend
+    logger.info(sched.log_line())
+    sched.set_cuda_graph_bs(all_bs if graphs_on else None)
+    sched.check_graph_bands()
+
+    gcfg = exec_cfg.graph.cuda_graph_config
+    n_max = int(spec.speculative_num_draft_tokens)
+    orig_backend = model_runner.attn_backend
+    states, caps = [], []
+    home = None  # the band that keeps the startup backend (the first one at the global width)
+    try:
+        for i, band in enumerate(sched.bands):
+            bs_i = sched.cuda_graph_bs_for_band(i)
+            fields = dict(speculative_num_draft_tokens=band.width)
+            if bs_i is not None:
+                fields["cuda_graph_config"] = with_phase(gcfg, "decode", bs=list(bs_i))
+            ctx.override("ddtree.band_capture", **fields)
+            try:
+                if home is None and band.width == n_max:
+                    home, backend = i, orig_backend
+                else:
+                    backend = new_backend(model_runner)
+                model_runner.attn_backend = backend
+                cap = original_fn(model_runner=model_runner)
+            finally:
+                ctx.override("ddtree.band_capture_restore", speculative_num_draft_tokens=n_max, cuda_graph_config=gcfg)
+            caps.append(cap)
+            states.append(BandState(i, band, bs_i, backend, getattr(cap, "runner", None)))
+    finally:
+        model_runner.attn_backend = orig_backend
+    model_runner._ddtree_schedule = sched
+    model_runner._ddtree_band_states = states
+    first = caps[home if home is not None else 0]
+    if first is None:  # eager-only states (the worker's fallback)
+        return None
+    try:
+        return type(first)(
+            runner=states[home if home is not None else 0].graph_runner,
+            memory_phase=first.memory_phase,
+            memory_usage_gb=sum(float(c.memory_usage_gb) for c in caps),
+            capture_time=sum(float(c.capture_time) for c in caps),
+        )
+    except TypeError:  # pragma: no cover - a stand-in capture type
+        return first
+
+
+def _capture_decode_graph_hook(original_fn, *args, **kwargs):
+    """AROUND ``cuda_graph_setup.capture_decode_graph(*, model_runner)``: with a
+    budget schedule file, DDTREE's target-verify capture runs once per band
+    (:func:`capture_banded_verify_graphs`); everything else is untouched."""
+    mr = kwargs.get("model_runner", args[0] if args else None)
+    algo = getattr(mr, "spec_algorithm", None)
+    if getattr(algo, "name", None) != ALGO_NAME or getattr(mr, "is_draft_worker", False):
+        return original_fn(*args, **kwargs)
+    from sglang.srt.runtime_context import get_spec
+
+    sched = load_schedule(get_spec().speculative_num_draft_tokens)
+    if sched.source is None:  # no schedule file: today's single capture
+        return original_fn(*args, **kwargs)
+    return capture_banded_verify_graphs(original_fn, mr, sched)
+
+
 def _register_hook(target: str, fn) -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
@@ -190,7 +313,8 @@ def register() -> None:
             spec_class=_make_spec_class(),
         )(_worker_factory)
         logger.info("sglang_ddtree: registered speculative algorithm %s", ALGO_NAME)
-    for target, fn in ((DUMMY_VERIFY_TARGET, _dummy_verify_hook), (GRAPH_SPEC_INFO_TARGET, _graph_spec_info_hook)):
+    for target, fn in ((DUMMY_VERIFY_TARGET, _dummy_verify_hook), (GRAPH_SPEC_INFO_TARGET, _graph_spec_info_hook),
+                       (CAPTURE_DECODE_TARGET, _capture_decode_graph_hook)):
         try:
             _register_hook(target, fn)
         except Exception:  # pragma: no cover

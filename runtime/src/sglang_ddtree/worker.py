@@ -64,6 +64,7 @@ import torch
 
 from .config import budget_from_num_draft_tokens, read_block_size
 from .head import DraftTreeHead
+from .schedule import BudgetSchedule, load_schedule
 from .tree import DDTrees, build_trees, build_trees_from_top
 from .verify import AcceptResult, build_verify_inputs, fill_custom_mask, greedy_accept, retrieve_links, sample_accept
 
@@ -226,6 +227,42 @@ def committed_outputs(predict: torch.Tensor, accept_lens: torch.Tensor, seq_lens
     return bonus, seq_lens + lens.to(seq_lens.dtype)
 
 
+def root_only_trees(root_tokens: torch.Tensor) -> DDTrees:
+    """Trees of a budget-0 band: the root (bonus token) alone, N = 1."""
+    bs = int(root_tokens.shape[0])
+    dev = root_tokens.device
+    return DDTrees(
+        tokens=root_tokens.reshape(bs, 1).to(torch.int64),
+        parents=torch.full((bs, 1), -1, dtype=torch.int64, device=dev),
+        depths=torch.zeros((bs, 1), dtype=torch.int64, device=dev),
+        visibility=torch.ones((bs, 1, 1), dtype=torch.bool, device=dev),
+        valid=torch.ones((bs, 1), dtype=torch.bool, device=dev),
+    )
+
+
+class BandedDraftHead:
+    """The draft graph's capture tail hook under a budget schedule: the call for a
+    (padded, captured) batch of ``bs`` requests goes to the head of bs's band
+    (each captured bs belongs to exactly one band, so each draft graph folds in
+    exactly one head, at its band's budget)."""
+
+    def __init__(self, schedule: BudgetSchedule, heads: dict, block_size: int):
+        self.schedule = schedule
+        self.heads = heads  # budget -> DraftTreeHead
+        self.block = int(block_size)
+
+    def head_for(self, bs: int):
+        budget = self.schedule.budget_for(int(bs))
+        if budget <= 0:
+            raise RuntimeError(f"DDTREE: batch {bs} is in a budget-0 band; the drafter must not run there")
+        return self.heads[budget]
+
+    def __call__(self, hidden_states, input_ids=None, *, root_tokens=None):
+        H = int(hidden_states.shape[-1])
+        bs = int(hidden_states.numel()) // H // self.block
+        return self.head_for(bs)(hidden_states, input_ids, root_tokens=root_tokens)
+
+
 def check_shapes(budget: int, block_size: int) -> None:
     if int(block_size) < 2:
         raise ValueError(f"DDTREE: drafter block_size must be >= 2, got {block_size}")
@@ -280,6 +317,12 @@ def make_worker_class():
         def __init__(self, server_args, *args, **kwargs):
             spec = dfw.get_spec()
             self.ddtree_budget = budget_from_num_draft_tokens(spec.speculative_num_draft_tokens)
+            # the budget schedule (SGLANG_DDTREE_SCHEDULE_FILE), else one band at ddtree_budget;
+            # ddtree_budget = the widest band's budget (num_draft_tokens - 1)
+            self.ddtree_schedule = load_schedule(spec.speculative_num_draft_tokens)
+            self._ddtree_heads = {}
+            self._ddtree_active_band = None
+            self.ddtree_band_log = []  # (bs, band index, budget) per decode step (tests / debugging)
             self.ddtree_block_size = read_block_size(spec.speculative_draft_model_path)
             check_shapes(self.ddtree_budget, self.ddtree_block_size)
             if getattr(spec, "speculative_use_rejection_sampling", False):
@@ -311,7 +354,28 @@ def make_worker_class():
             # Called only when the draft graph is captured.
             from sglang.srt.runtime_context import get_exec
 
-            max_bs = max(int(b) for b in get_exec().graph.cuda_graph_config.decode.bs)
+            graph_bs = [int(b) for b in get_exec().graph.cuda_graph_config.decode.bs]
+            max_bs = max(graph_bs)
+            sched = self.ddtree_schedule
+            if sched.source is not None:
+                # a schedule: one head per tree band, each sized for its band's
+                # captured batch sizes; the graph of bs folds in bs's band's head
+                self._ddtree_sync_schedule_graph_bs()
+                if sched.cuda_graph_bs is None:
+                    sched.set_cuda_graph_bs(graph_bs)
+                for i, band in enumerate(sched.bands):
+                    bs_i = [b for b in (sched.cuda_graph_bs_for_band(i) or []) if b in graph_bs]
+                    if band.budget > 0 and bs_i:
+                        self._ddtree_get_head(max(bs_i), budget=band.budget)
+                self._ddtree_head_in_graph = True
+                self._ddtree_banded_head = BandedDraftHead(sched, self._ddtree_heads, self.ddtree_block_size)
+                if self._ddtree_tp_rank0():
+                    logger.info(
+                        "DDTREE draft heads folded into the draft cuda graph per band: %s (draft graph bs %s).",
+                        ", ".join(f"budget {b}: max_bs {h._cap}" for b, h in sorted(self._ddtree_heads.items())),
+                        graph_bs,
+                    )
+                return self._ddtree_banded_head
             head = self._ddtree_get_head(max_bs)
             self._ddtree_head_in_graph = True
             if self._ddtree_tp_rank0():
@@ -321,6 +385,77 @@ def make_worker_class():
                     head.tp, head.Vs, head.budget, head.L, max_bs, head.logits_bytes(max_bs) / 2**20,
                 )
             return head
+
+        # -- the budget schedule: bands, their graphs, switching -----------
+        def _ddtree_band_states(self):
+            mr = getattr(self.target_worker, "model_runner", None)
+            return getattr(mr, "_ddtree_band_states", None)
+
+        def _ddtree_sync_schedule_graph_bs(self):
+            """The captured target-verify batch sizes (what the plugin's capture
+            hook found) drive the routing, as ``set_cuda_graph_bs`` in SGLang's
+            adaptive controller."""
+            mr = getattr(self.target_worker, "model_runner", None)
+            cap_sched = getattr(mr, "_ddtree_schedule", None)
+            if cap_sched is not None and cap_sched is not self.ddtree_schedule:
+                if cap_sched.bands != self.ddtree_schedule.bands:
+                    raise RuntimeError("DDTREE: the target captured a different budget schedule than the worker read.")
+                self.ddtree_schedule.set_cuda_graph_bs(cap_sched.cuda_graph_bs)
+
+        def _ddtree_ensure_band_states(self):
+            """Band states exist when the plugin's capture hook ran (the target's
+            startup capture).  If it did not (a platform without graph capture),
+            build eager ones here: one attention backend per band width."""
+            sched = self.ddtree_schedule
+            if sched.source is None or self._ddtree_band_states() is not None:
+                return
+            from .plugin import capture_banded_verify_graphs
+
+            capture_banded_verify_graphs(lambda model_runner: None, self.target_worker.model_runner, sched,
+                                         graphs_on=False)
+
+        def init_cuda_graphs(self):
+            """DFlash's draft graphs, captured only for the batch sizes of bands with
+            a tree (budget > 0); budget-0 bands never run the drafter."""
+            sched = self.ddtree_schedule
+            if sched.source is None:
+                return super().init_cuda_graphs()
+            self._ddtree_sync_schedule_graph_bs()
+            tree_bs = sched.tree_cuda_graph_bs()
+            if tree_bs is None or tree_bs == sched.cuda_graph_bs:
+                return super().init_cuda_graphs()
+            from sglang.srt.model_executor.cuda_graph_config import Backend, with_phase
+            from sglang.srt.runtime_context import get_context, get_exec
+
+            gcfg = get_exec().graph.cuda_graph_config
+            if self._ddtree_tp_rank0():
+                logger.info("DDTREE draft cuda graph: bs %s (bands with a tree); budget-0 bs %s run no drafter.",
+                            tree_bs, [b for b in sched.cuda_graph_bs if b not in tree_bs])
+            new = (with_phase(gcfg, "decode", bs=tree_bs) if tree_bs
+                   else with_phase(gcfg, "decode", backend=Backend.DISABLED))
+            get_context().override("ddtree.draft_capture", cuda_graph_config=new)
+            try:
+                return super().init_cuda_graphs()
+            finally:
+                get_context().override("ddtree.draft_capture_restore", cuda_graph_config=gcfg)
+
+        def _ddtree_activate_band(self, bs: int):
+            """Route the batch to its band (AdaptiveSpeculativeParams._route) and
+            apply the band's target state (as EAGLE's ``apply_runtime_state``:
+            attention backend + target-verify graph runner).  Returns the band."""
+            sched = self.ddtree_schedule
+            i = sched.band_index(bs)
+            states = self._ddtree_band_states()
+            if states is not None and self._ddtree_active_band != i:
+                st = states[i]
+                mr = self.target_worker.model_runner
+                mr.attn_backend = st.attn_backend
+                if st.graph_runner is not None:
+                    mr.decode_cuda_graph_runner = st.graph_runner
+                self._ddtree_active_band = i
+            self.ddtree_band_log.append((int(bs), i, sched.bands[i].budget))
+            del self.ddtree_band_log[:-1024]
+            return sched.bands[i]
 
         def _defer_target_verify_gather(self):
             # Keep full (gathered) verify logits: eagle_sample consumes them.
@@ -350,6 +485,8 @@ def make_worker_class():
 
             if get_parallel().attn_dp_enabled:
                 raise NotImplementedError("DDTREE does not support DP attention yet.")
+            self._ddtree_sync_schedule_graph_bs()
+            self._ddtree_ensure_band_states()
             if getattr(self, "_need_mamba_verify_commit", False):
                 raise NotImplementedError("DDTREE does not support mamba / hybrid-linear targets yet.")
             name, _ = resolve_dflash_verify_mask_policy(self.model_runner.attn_backend)
@@ -447,11 +584,13 @@ def make_worker_class():
         def _ddtree_tp_rank0(self) -> bool:
             return int(getattr(self, "_target_tp_rank", 0) or 0) == 0
 
-        def _ddtree_get_head(self, max_bs: int = 0):
-            """The draft head (``head.DraftTreeHead``) on the target's LM-head
-            shard, built once.  TP group as DFlash's own draft sampler: the
-            target's (whose ranks own the LM-head shards)."""
-            head = getattr(self, "_ddtree_head", None)
+        def _ddtree_get_head(self, max_bs: int = 0, budget: Optional[int] = None):
+            """The draft head (``head.DraftTreeHead``) of ``budget`` (default: the
+            widest band's) on the target's LM-head shard, built once per budget.
+            TP group as DFlash's own draft sampler: the target's (whose ranks own
+            the LM-head shards)."""
+            budget = self.ddtree_budget if budget is None else int(budget)
+            head = self._ddtree_heads.get(budget)
             if head is not None:
                 return head
             from sglang.srt.lora.layers import unwrap_lora_layer
@@ -480,14 +619,17 @@ def make_worker_class():
             mc = getattr(getattr(tw, "model_runner", None), "model_config", None)
             if mc is not None and getattr(mc, "vocab_size", None):
                 vocab = int(mc.vocab_size)
-            self._ddtree_head = DraftTreeHead(w, self.ddtree_budget, self.ddtree_block_size, vocab_start=start,
-                                              tp_group=group, vocab_size=vocab, max_bs=max_bs)
-            return self._ddtree_head
+            head = DraftTreeHead(w, budget, self.ddtree_block_size, vocab_start=start,
+                                 tp_group=group, vocab_size=vocab, max_bs=max_bs)
+            self._ddtree_heads[budget] = head
+            if budget == self.ddtree_budget:
+                self._ddtree_head = head
+            return head
 
-        def _ddtree_trees(self, draft_hidden, bonus_tokens, draft_in_graph: bool = False):
+        def _ddtree_trees(self, draft_hidden, bonus_tokens, draft_in_graph: bool = False, budget=None):
             """Trees of this step: what the draft graph's replay wrote (the head is
             captured in it), else the same head called eagerly."""
-            head = self._ddtree_get_head()
+            head = self._ddtree_get_head(budget=budget)
             bs = int(bonus_tokens.shape[0])
             if draft_in_graph and getattr(self, "_ddtree_head_in_graph", False):
                 return head.trees(bs)
@@ -509,27 +651,38 @@ def make_worker_class():
             if batch.seq_lens.is_cuda:  # carried over from the previous overlap iteration
                 batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
             bs = int(batch.seq_lens.shape[0])
-            N = self.ddtree_num_verify_tokens
+            # this step's band of the budget schedule (target backend / graph switched to it)
+            B = int(self._ddtree_activate_band(bs).budget)
+            N = B + 1
+            blk = int(self.block_size)
             device = self.device
             prefix_lens = batch.seq_lens
             req_to_token = self.model_runner.req_to_token_pool.req_to_token
             self._ensure_draft_block_buffers(bs)
 
-            # this step's window: N slots per request from the over-allocated row
-            window = assign_extend_cache_locs_func(
+            # this step's window: max(N, block) slots per request from the
+            # over-allocated row (2 x the widest width reserved per step); the
+            # drafter block uses the first `block`, the verify the first N
+            W = max(N, blk) if B > 0 else N
+            window_full = assign_extend_cache_locs_func(
                 req_pool_indices=batch.req_pool_indices,
                 req_to_token=req_to_token,
                 start_offset=prefix_lens,
-                end_offset=prefix_lens + N,
+                end_offset=prefix_lens + W,
                 batch_size=bs,
-                draft_token_num=N,
+                draft_token_num=W,
                 device=device,
             )
-            window_2d = window.view(bs, N)
+            window_2d = window_full.view(bs, W)
+            window = window_full if W == N else window_2d[:, :N].contiguous().view(-1)
 
-            # 1) draft block -> trees
-            draft_hidden, draft_in_graph = self._ddtree_draft(batch, draft_input, window_2d)
-            trees = self._ddtree_trees(draft_hidden, draft_input.bonus_tokens.view(-1), draft_in_graph)
+            # 1) draft block -> trees (budget 0: no drafter, the bonus token alone)
+            if B > 0:
+                draft_hidden, draft_in_graph = self._ddtree_draft(batch, draft_input, window_2d)
+                trees = self._ddtree_trees(draft_hidden, draft_input.bonus_tokens.view(-1), draft_in_graph, budget=B)
+            else:
+                trees = root_only_trees(draft_input.bonus_tokens.view(-1))
+            spec_steps = min(self.ddtree_L, B)
 
             # 2) tree verify input (EAGLE layout), mask into the backend's buffer when it fits
             attn = self.model_runner.attn_backend
@@ -554,7 +707,7 @@ def make_worker_class():
                 read_extent=N,
             )
             verify_input = make_tree_verify_input(
-                trees, prefix_lens, self.ddtree_spec_steps, seq_lens_sum=seq_lens_sum, mask_buf=mask_buf,
+                trees, prefix_lens, spec_steps, seq_lens_sum=seq_lens_sum, mask_buf=mask_buf,
                 prepared_out_cache_loc=window, kv_loc_plan=verify_plan,
             )
             grammar_tree = (
