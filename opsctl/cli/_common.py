@@ -19,8 +19,9 @@ BudgetOpt = typer.Option(None, "--budget", "-b", help="DDTree node budget N (>= 
                          "Only for the ddtree profile.", show_default=False)
 ScheduleOpt = typer.Option(None, "--budget-schedule", metavar="MIN_BATCH:BUDGET,...",
                            help="DDTree budget by running batch size, e.g. 1:32,8:16,32:8,64:0 (batches of 1-7 get "
-                           "budget 32, 8-31 get 16, 32-63 get 8, 64+ decode without a tree). Bands start at "
-                           "captured CUDA-graph batch sizes; --budget N is the one-band case 1:N.",
+                           "budget 32, 8-31 get 16, 32-63 get 8, 64+ decode without a tree; a batch takes the "
+                           "band of the CUDA-graph batch size it pads to). Each band must hold a captured size; "
+                           "'opsctl tune' builds one from the host's traffic. --budget N is the one-band case 1:N.",
                            show_default=False)
 
 

@@ -113,7 +113,7 @@ def register(app: typer.Typer) -> None:
 
           opsctl deploy ddtree --budget 16 -i inventories/lab --dry-run
 
-          opsctl deploy ddtree --budget-schedule 1:16,8:4,32:0 -i inventories/lab --yes
+          opsctl deploy ddtree --budget-schedule 1:16,3:4,16:0 -i inventories/lab --yes
 
           OPSCTL_INVENTORY=inventories/blackwell opsctl deploy ddtree --budget 16
         """

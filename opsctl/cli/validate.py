@@ -125,7 +125,7 @@ def register(app: typer.Typer) -> None:
 
           opsctl validate --from-file journal.txt --profile ddtree --budget 16
 
-          opsctl validate --from-file journal.txt --profile ddtree --budget-schedule 1:16,8:4,32:0
+          opsctl validate --from-file journal.txt --profile ddtree --budget-schedule 1:16,3:4,16:0
 
           opsctl validate --from-file journal.txt   # expectations from the log's server_args line
 
