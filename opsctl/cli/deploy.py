@@ -59,6 +59,8 @@ def _print_plan(plan: dict) -> None:
     _output.info(f"plan for {plan['host']}: {plan['profile']}" + (f" --budget-schedule {plan['budget_schedule']}" if plan.get("budget_schedule") else
                                                                    f" --budget {plan['budget']}" if plan.get("budget") else "")
                  + f" (verify width {plan['verify_width']}) -> release {plan['release']}")
+    for band in plan.get("schedule_bands") or []:
+        _output.info(f"  band: {band}")
     for c in plan["changes"]:
         _output.info(f"  * {c}")
     _output.info(f"  bytes to send: {plan['bytes_to_send']:,}")

@@ -92,6 +92,18 @@ def test_a_release_carries_the_schedule_file_and_the_runtime_finds_it():
     assert '"budget_schedule"' not in single.release_files["launch.json"]  # single-budget renders unchanged
 
 
+def test_render_json_shows_each_band_with_its_graphs(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "opsctl", "render", "ddtree", "--budget-schedule", "1:16,3:4,16:0",
+                        "-i", "inventories/lab", "--json"], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["budget_schedule"] == "1:16,3:4,16:0" and doc["verify_width"] == 17
+    assert doc["schedule_bands"] == [
+        "batch 1-2: budget 16 (verify width 17), graphs for bs [1, 2]",
+        "batch 3-14: budget 4 (verify width 5), graphs for bs [3, 4, ..., 14] (9)",
+        "batch 16+: no tree, drafter off (verify width 1), graphs for bs [16, 18, ..., 32] (9)"]
+
+
 def test_schedule_checks_against_the_captured_graphs():
     with pytest.raises(ConfigError, match=r"band 9:4 \(batch 9\) holds no captured batch size .* replays at the "
                                           r"graph for 10"):
