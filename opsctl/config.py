@@ -428,6 +428,15 @@ def resolve_profile(name: str, budget: int | None = None, *,
         if budget < 1 or budget > MAX_BUDGET:
             raise ConfigError(f"--budget {budget} is out of range: a DDTree budget is 1..{MAX_BUDGET} "
                               "nodes (verify width is budget + 1)", "use e.g. --budget 16")
+        block = int(data.get("block_size") or 8)
+        if block > 2 * (budget + 1):
+            # the runtime's check (runtime worker.check_shapes): the drafter block and the verify window
+            # share the 2 x (budget + 1) KV slots DFlash reserves per request and step
+            what = (f"--budget-schedule {data['budget_schedule']}: its largest budget {budget}"
+                    if data.get("budget_schedule") else f"--budget {budget}")
+            raise ConfigError(f"{what} is too small for the drafter's block of {block}: the runtime reserves "
+                              f"2 x (budget + 1) = {2 * (budget + 1)} KV slots per request and step and the "
+                              f"block needs {block}", f"use a budget of at least {(block + 1) // 2 - 1}")
         data["budget"] = budget
     try:
         prof = Profile(**data)

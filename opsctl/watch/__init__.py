@@ -43,7 +43,9 @@ def host_config(host: HostConfig) -> dict[str, Any]:
     rules = {}
     for name in profile_names(host.settings.profiles):
         data = {**BUILTIN_PROFILES.get(name, {}), **host.settings.profiles.get(name, {})}
-        prof = resolve_profile(name, 1 if data.get("kind") == "ddtree" and "budget" not in data else None,
+        # a ddtree profile without its own budget: any valid one stands in (the rules do not depend on it)
+        prof = resolve_profile(name, 16 if data.get("kind") == "ddtree" and "budget" not in data
+                               and "budget_schedule" not in data else None,
                                overrides=host.settings.profiles)
         rules[name] = w.rules_for(prof, policy.floor_for(prof.kind)).model_dump(mode="json")
     baseline = host.profile(host.baseline_profile)

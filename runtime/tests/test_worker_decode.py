@@ -346,7 +346,8 @@ def _dl(truth, L, hit, rng, g):
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager-head", "graph-head"])
-@pytest.mark.parametrize("L,B,bs,hit", [(4, 11, 3, 0.8), (7, 31, 4, 0.9), (3, 3, 2, 0.5), (7, 7, 3, 1.0)])
+@pytest.mark.parametrize("L,B,bs,hit", [(4, 11, 3, 0.8), (7, 31, 4, 0.9), (3, 3, 2, 0.5), (7, 7, 3, 1.0),
+                                        (7, 4, 3, 0.8), (7, 3, 2, 1.0)])  # budget < block - 1: window max(N, block)
 def test_ddtree_decode_step_equals_autoregressive(stubbed, L, B, bs, hit, graph):
     S = _setup(stubbed, L, B, bs, hit, seed=L * 10 + B, graph=graph)
     worker, model, prompts, refs, rt, pool_idx, calls = (S[k] for k in

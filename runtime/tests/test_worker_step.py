@@ -246,8 +246,9 @@ def test_to_eagle_accept_and_compaction_vs_reference():
 def test_check_shapes():
     check_shapes(32, 8)
     check_shapes(7, 8)
-    with pytest.raises(ValueError):
-        check_shapes(6, 8)
+    check_shapes(3, 8)  # window max(N, block) = 8 slots of the 2N = 8 reserved
+    with pytest.raises(ValueError, match="at least 3"):
+        check_shapes(2, 8)
     with pytest.raises(ValueError):
         check_shapes(6, 1)
 

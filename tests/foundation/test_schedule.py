@@ -121,6 +121,17 @@ def test_schedule_checks_against_the_captured_graphs():
         resolve_profile("ar-tp8", budget_schedule="1:16")
 
 
+def test_a_budget_whose_window_cannot_hold_the_drafter_block_is_refused():
+    # the runtime (worker.check_shapes): block <= 2 x (budget + 1), the KV slots DFlash reserves per step
+    assert resolve_profile("ddtree", 3).budget == 3
+    with pytest.raises(ConfigError, match=r"--budget 2 is too small for the drafter's block of 8") as exc:
+        resolve_profile("ddtree", 2)
+    assert "at least 3" in exc.value.fix
+    with pytest.raises(ConfigError, match="its largest budget 2 is too small"):
+        resolve_profile("ddtree", budget_schedule="1:2,8:0")
+    assert resolve_profile("ddtree", budget_schedule="1:16,8:1,32:0").budget == 16  # only the widest band counts
+
+
 def test_inventory_profile_can_set_a_schedule_and_the_cli_budget_overrides_it():
     over = {"ddtree": {"budget_schedule": "1:16,8:4"}}
     assert resolve_profile("ddtree", overrides=over).budget_schedule == "1:16,8:4"

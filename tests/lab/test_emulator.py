@@ -451,3 +451,13 @@ def test_fault_wrong_verify_tokens_hits_one_band_and_validate_names_it(tmp_path)
     bad = found["capture.band_widths"]
     assert not bad.ok and "batch 8-30 (budget 4)" in bad.diagnosis and "captured with 8 tokens/request" in bad.diagnosis
     assert "needs 5" in bad.diagnosis and "every rank (8)" in bad.diagnosis
+
+
+def test_a_budget_too_small_for_the_drafter_block_fails_like_the_runtime(tmp_path):
+    args = ["--tp-size", "8", "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "{drafter}",
+            "--speculative-num-draft-tokens", "3"]   # budget 2: 2 x 3 = 6 KV slots per step, block 8
+    emu = Emu(tmp_path, args)
+    assert emu.wait_exit() == 1
+    assert "must fit the per-step KV reservation" in emu.text() and "at least 3" in emu.text()
+    with Emu(tmp_path / "ok", args[:-1] + ["4"]) as ok:   # budget 3: 8 slots hold the block
+        ok.wait_ready()

@@ -264,13 +264,16 @@ class BandedDraftHead:
 
 
 def check_shapes(budget: int, block_size: int) -> None:
+    """The drafter's block and the verify window share each step's KV window: max(N, block)
+    slots from the 2 x num-draft-tokens = 2N that DFlash's prepare_for_decode reserves per
+    request (N = budget + 1 of the widest band), so the block must fit in 2N."""
     if int(block_size) < 2:
         raise ValueError(f"DDTREE: drafter block_size must be >= 2, got {block_size}")
-    if int(block_size) > int(budget) + 1:
+    if int(block_size) > 2 * (int(budget) + 1):
         raise ValueError(
-            f"DDTREE: the drafter block ({block_size}) must fit the verify window "
-            f"(--speculative-num-draft-tokens = budget + 1 = {int(budget) + 1}); the per-step KV "
-            f"reservation is 2 x num-draft-tokens. Raise --speculative-num-draft-tokens to >= {block_size}."
+            f"DDTREE: the drafter block ({block_size}) must fit the per-step KV reservation "
+            f"(2 x --speculative-num-draft-tokens = 2 x (budget + 1) = {2 * (int(budget) + 1)}). "
+            f"Use a budget of at least {(int(block_size) + 1) // 2 - 1}."
         )
 
 

@@ -124,6 +124,12 @@ def main(argv: list[str] | None = None) -> None:
             (block_size if algo == "DFLASH" else None)
         if width is None:
             width = (args.speculative_num_steps or 3) + 1
+        if algo == "DDTREE" and block_size > 2 * int(width):  # the runtime's worker.check_shapes
+            fatal_traceback([("sglang_ddtree/worker.py", 327, "__init__",
+                              "check_shapes(self.ddtree_budget, self.ddtree_block_size)")],
+                            f"ValueError: DDTREE: the drafter block ({block_size}) must fit the per-step KV "
+                            f"reservation (2 x --speculative-num-draft-tokens = 2 x (budget + 1) = {2 * int(width)}). "
+                            f"Use a budget of at least {(block_size + 1) // 2 - 1}.")
         if algo == "DDTREE" and args.attention_backend == "torch_native":
             fatal_traceback([("sglang_ddtree/plugin.py", 88, "validate_server_args", "raise ValueError(...)")],
                             "ValueError: DDTREE needs tree verify; attention backend torch_native has none")
