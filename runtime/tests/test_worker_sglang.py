@@ -419,11 +419,15 @@ def test_worker_class_through_plugin_factory(fake_dflash, tmp_path):
     assert w.forward_batch_generation(mk(False, idle=True)) == "DFLASH"
     assert w.forward_batch_generation(mk(False, mixed=True)) == "DFLASH"
     assert w.forward_batch_generation(mk(False)) == "TREE"
-    # drafter block larger than the verify window: rejected
-    state["spec"] = types.SimpleNamespace(speculative_num_draft_tokens=5, speculative_draft_model_path=str(drafter),
+    # drafter block (8) larger than the per-step KV reservation 2 x (budget + 1): rejected (budget 2: 6 slots)
+    state["spec"] = types.SimpleNamespace(speculative_num_draft_tokens=3, speculative_draft_model_path=str(drafter),
                                           speculative_use_rejection_sampling=False)
-    with pytest.raises(ValueError, match="verify window"):
+    with pytest.raises(ValueError, match="per-step KV reservation"):
         cls(types.SimpleNamespace(), 0, 0, None)
+    # budget 3: 8 slots hold the block (the step's window is max(budget + 1, block))
+    state["spec"] = types.SimpleNamespace(speculative_num_draft_tokens=4, speculative_draft_model_path=str(drafter),
+                                          speculative_use_rejection_sampling=False)
+    assert cls(types.SimpleNamespace(), 0, 0, None).ddtree_budget == 3
     state["spec"] = types.SimpleNamespace(speculative_num_draft_tokens=9, speculative_draft_model_path=str(drafter),
                                           speculative_use_rejection_sampling=True)
     with pytest.raises(ValueError, match="rejection"):
