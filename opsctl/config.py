@@ -114,6 +114,12 @@ class Profile(_Strict):
         return schedule_mod.captured_batch_sizes(self.cuda_graph_max_bs, self.max_running_requests)
 
     @property
+    def schedule_bands(self) -> list[str] | None:
+        """One line per band of the budget schedule, with the graphs it captures (plan, render)."""
+        sched = self.schedule
+        return sched.describe(self.captured_batch_sizes) if sched else None
+
+    @property
     def effective_max_concurrency(self) -> int:
         return self.max_concurrency or self.cuda_graph_max_bs
 

@@ -52,8 +52,7 @@ class Rendered:
     def as_dict(self) -> dict:
         return {"host": self.host, "profile": self.profile.name, "budget": self.profile.budget,
                 "budget_schedule": self.profile.budget_schedule,
-                "schedule_bands": (self.profile.schedule.describe(self.profile.captured_batch_sizes)
-                                   if self.profile.schedule else None),
+                "schedule_bands": self.profile.schedule_bands,
                 "verify_width": self.profile.verify_width, "argv": self.argv, "files": self.files,
                 "links": {self.unit_link: str(self.install_root / "current" / self.unit_name)},
                 "digest": self.digest()}

@@ -122,8 +122,12 @@ def best_per_level(trials: list[TrialResult], levels: list[int], max_regression:
 
 def _worth_a_trial(schedule: str) -> bool:
     """A schedule that is more than one of the budgets already measured, and speculates somewhere."""
-    bands = [tuple(map(int, part.split(":"))) for part in schedule.split(",")]
-    return len(bands) > 1 and any(b > 0 for _, b in bands)
+    from opsctl.schedule import parse
+
+    try:
+        return len(parse(schedule).bands) > 1
+    except ConfigError:  # every band 0: the baseline, already measured
+        return False
 
 
 def schedule_text(best: dict[int, int], capture_bs: list[int] | None = None) -> str:
@@ -209,6 +213,8 @@ def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None,
     inv = as_inventory(inventory)
     host = inv.single(limit)
     profiles = {b: host.profile(profile_name, b) for b in budgets}  # bad budgets before any host I/O
+    # the graphs' batch sizes do not depend on the budget: where the schedule's bands may start
+    capture_bs = next(iter(profiles.values())).captured_batch_sizes if profiles else None
     # the profile's accept-length floor (one per profile name, whatever the budget) judges every trial
     policy = host.gate_policy(next(iter(profiles.values()), None))
     update: dict[str, Any] = {}
@@ -272,8 +278,7 @@ def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None,
                                                        "in a row)"))
                     continue
                 run_trial(profiles[b], f"budget {b}", b, None)
-            sched = schedule_text(best_per_level(trials, levels), next(iter(profiles.values())).captured_batch_sizes
-                                  if profiles else None)
+            sched = schedule_text(best_per_level(trials, levels), capture_bs)
             if schedule_trial and _worth_a_trial(sched):
                 try:
                     sched_profile = host.profile(profile_name, budget_schedule=sched)
@@ -308,8 +313,7 @@ def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None,
                           "run the tune again when ready", signal_name=interrupted.signal_name)
     best = best_per_level(trials, levels)
     rec, reason = recommend(trials, levels, base_tok)
-    result = TuneResult(host.name, profile_name, levels, base_tok, trials, best,
-                        schedule_text(best, next(iter(profiles.values())).captured_batch_sizes if profiles else None),
+    result = TuneResult(host.name, profile_name, levels, base_tok, trials, best, schedule_text(best, capture_bs),
                         rec.budget if rec is not None and not rec.schedule else None, reason,
                         recommended_schedule=rec.schedule if rec is not None else None,
                         restored=restore, restore_s=restore_s)

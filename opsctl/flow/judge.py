@@ -67,8 +67,8 @@ def bench_and_judge(conn: Connection, host: HostConfig, profile: Profile, releas
 
 
 def undrafted_levels(profile: Profile, levels) -> frozenset[int]:
-    """Levels a budget schedule serves without a tree (a budget-0 band): the bench's load of C
-    concurrent requests decodes as a batch of C."""
+    """Levels a budget schedule serves without a tree: a load of C concurrent requests whose
+    full batch of C falls in a budget-0 band (its accept length is 1 by design there)."""
     sched = profile.schedule
     if sched is None:
         return frozenset()

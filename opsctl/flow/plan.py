@@ -63,8 +63,7 @@ class Plan:
     def as_dict(self) -> dict:
         return {"host": self.host.name, "profile": self.profile.name, "budget": self.profile.budget,
                 "budget_schedule": self.profile.budget_schedule,
-                "schedule_bands": (self.profile.schedule.describe(self.profile.captured_batch_sizes)
-                                   if self.profile.schedule else None),
+                "schedule_bands": self.profile.schedule_bands,
                 "verify_width": self.profile.verify_width, "release": self.release,
                 "current": self.state.current, "release_exists": self.release_exists, "live": self.is_live,
                 "changes": self.changes, "unit_diff": self.unit_diff, "bytes_to_send": self.bytes_to_send,

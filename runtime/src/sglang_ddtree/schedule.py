@@ -157,10 +157,6 @@ class BudgetSchedule:
     def widths(self) -> List[int]:
         return [b.width for b in self.bands]
 
-    @property
-    def is_single(self) -> bool:
-        return len(self.bands) == 1
-
     def log_line(self) -> str:
         return (f"DDTree budget schedule: {self.spec} "
                 f"(verify widths {','.join(str(w) for w in self.widths)})")
