@@ -11,6 +11,9 @@
   OPSCTL_LAB_KEEP=1 leaves the lab up after the session (debugging only);
   OPSCTL_LAB_LOCK_HELD=1 says the caller already holds the lock
   (`flock /run/opsctl-lab.session.lock pytest ...`).
+- `lab_fleet` (module scope, on top of `lab_host`): three lab hosts (`lab.up(hosts=3)`),
+  a list of LabHost handles for lab1..lab3 (inventory inventories/lab-fleet); after the
+  module it halts lab2 and lab3 (`lab.down(nodes=[2, 3])`) and checks lab1 still answers.
 """
 from __future__ import annotations
 
@@ -54,24 +57,26 @@ class LabHost:
     user: str
     key_file: Path
     inventory_dir: Path
+    node: int = 1          # which lab host (opsctl.lab.constants.LabNode index)
+    name: str = "lab"      # its name in inventory_dir ("lab" in inventories/lab, "lab1".. in lab-fleet)
 
     def run(self, command: str, *, check: bool = False, timeout: float = 60,
             stdin: str | None = None) -> subprocess.CompletedProcess:
         from opsctl.lab import guest_run
 
-        return guest_run(command, timeout=timeout, stdin=stdin, check=check)
+        return guest_run(command, timeout=timeout, stdin=stdin, check=check, node=self.node)
 
     def ssh_argv(self, command: str | None = None) -> list[str]:
         from opsctl.lab import ssh_argv
 
-        return ssh_argv(command)
+        return ssh_argv(command, node=self.node)
 
     @property
     def host_config(self):
         """The inventory's HostConfig for the lab (opsctl.config)."""
         from opsctl.config import load_inventory
 
-        return load_inventory(self.inventory_dir).hosts["lab"]
+        return load_inventory(self.inventory_dir).hosts[self.name]
 
     def connection(self):
         from opsctl.host.connection import SSHConnection
@@ -81,12 +86,12 @@ class LabHost:
     def set_fault(self, name: str, **params) -> dict:
         from opsctl.lab import set_fault
 
-        return set_fault(name, **params)
+        return set_fault(name, host=self.node, **params)
 
     def clear_faults(self) -> list[str]:
         from opsctl.lab import clear_fault
 
-        return clear_fault(None)
+        return clear_fault(None, host=self.node)
 
     @contextlib.contextmanager
     def fault(self, name: str, **params):
@@ -133,6 +138,24 @@ def lab_host():
                 holder.clear_holder()
                 left = lab.leftovers()
                 assert left == [], f"lab teardown left: {left}"
+
+
+@pytest.fixture(scope="module")
+def lab_fleet(lab_host):
+    """Three lab hosts for the module: [lab1, lab2, lab3] (LabHost handles, inventory
+    inventories/lab-fleet). lab1 is lab_host's node; lab2 and lab3 are halted after the module."""
+    from opsctl import lab
+    from opsctl.lab import constants as C
+
+    say = lambda m: print(m, flush=True)  # noqa: E731
+    lab.up(say=say, hosts=3)
+    try:
+        yield [LabHost(address=n.guest_ip, port=C.SSH_PORT, user=C.SSH_USER, key_file=C.KEY_FILE,
+                       inventory_dir=REPO / "inventories" / "lab-fleet", node=n.index, name=n.name)
+               for n in C.NODES[:3]]
+    finally:
+        lab.down(say=say, nodes=[2, 3])   # raises LabError on leftovers of lab2/lab3
+        assert lab.ssh_answers(node=1), "lab1 stopped answering after lab2/lab3 went down"
 
 
 # --- end-to-end tests that deploy to the lab (tests/deploy, tests/gates); helpers in labtools.py

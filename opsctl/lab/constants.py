@@ -1,29 +1,133 @@
 """Fixed facts of the lab host (shared with inventories/lab/ and docs/lab.md)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 STATE_DIR = Path("/var/lib/opsctl-lab")
 KEY_FILE = STATE_DIR / "id_ed25519"
-PID_FILE = STATE_DIR / "nspawn.pid"
-BOOT_LOG = STATE_DIR / "boot.log"
-BOOT_SCRIPT = STATE_DIR / "boot.sh"
+PID_FILE = STATE_DIR / "nspawn.pid"      # node 1's (LabNode.pid_file)
+BOOT_LOG = STATE_DIR / "boot.log"        # node 1's (LabNode.boot_log)
+BOOT_SCRIPT = STATE_DIR / "boot.sh"      # node 1's (LabNode.boot_script)
 WHEELHOUSE = STATE_DIR / "wheelhouse"
 DRAFTER_DIR = STATE_DIR / "drafter"
-OVERLAY_DIR = STATE_DIR / "cg"          # tmpfs mounted only inside the boot script's mount namespace
+OVERLAY_DIR = STATE_DIR / "cg"          # node 1's; tmpfs mounted only inside the boot script's mount namespace
 LOCK_FILE = Path("/run/opsctl-lab.lock")  # serialises lab up/down
 SESSION_LOCK = Path("/run/opsctl-lab.session.lock")  # held by whoever uses the lab (a pytest session, `opsctl lab`)
 HOLDER_FILE = STATE_DIR / "holder.json"  # who brought the lab up (opsctl/lab/holder.py)
 
-NETNS = "opsctl-lab"
-VETH_HOST = "olab-h"
-VETH_GUEST = "olab-g"
-HOST_IP = "10.203.9.1"
-GUEST_IP = "10.203.9.2"
 PREFIX = 30
-MACHINE = "opsctl-lab"
-HOSTNAME = "gpuhost"
-CGROUP_NAME = "opsctl-lab"
+MAX_NODES = 4   # the lab runs at most this many hosts on this machine (2 cores, 24 GiB)
+
+
+@dataclass(frozen=True)
+class LabNode:
+    """One lab host ("node"). Node 1 keeps the single-host lab's names; node i >= 2 gets its own
+    netns, veth pair, /30, machine, hostname, cgroup and state files (suffix "-i" / "i")."""
+
+    index: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.index <= MAX_NODES:
+            raise ValueError(f"lab node index {self.index} is not in 1..{MAX_NODES}")
+
+    @property
+    def _dash(self) -> str:
+        return "" if self.index == 1 else f"-{self.index}"
+
+    @property
+    def _digit(self) -> str:
+        return "" if self.index == 1 else str(self.index)
+
+    @property
+    def name(self) -> str:
+        """The host's name in inventories/lab-fleet (node 1 is also "lab" in inventories/lab)."""
+        return f"lab{self.index}"
+
+    @property
+    def netns(self) -> str:
+        return f"opsctl-lab{self._dash}"
+
+    @property
+    def veth_host(self) -> str:
+        return f"olab-h{self._digit}"
+
+    @property
+    def veth_guest(self) -> str:
+        return f"olab-g{self._digit}"
+
+    @property
+    def host_ip(self) -> str:
+        return f"10.203.9.{4 * (self.index - 1) + 1}"
+
+    @property
+    def guest_ip(self) -> str:
+        return f"10.203.9.{4 * (self.index - 1) + 2}"
+
+    @property
+    def machine(self) -> str:
+        return f"opsctl-lab{self._dash}"
+
+    @property
+    def hostname(self) -> str:
+        return f"gpuhost{self._dash}"
+
+    @property
+    def cgroup_name(self) -> str:
+        return f"opsctl-lab{self._dash}"
+
+    @property
+    def pid_file(self) -> Path:
+        return STATE_DIR / f"nspawn{self._dash}.pid"
+
+    @property
+    def boot_script(self) -> Path:
+        return STATE_DIR / f"boot{self._dash}.sh"
+
+    @property
+    def boot_log(self) -> Path:
+        return STATE_DIR / f"boot{self._dash}.log"
+
+    @property
+    def overlay_dir(self) -> Path:
+        return STATE_DIR / f"cg{self._dash}"   # tmpfs mounted only inside its boot script's mount namespace
+
+
+NODES = tuple(LabNode(i) for i in range(1, MAX_NODES + 1))
+HOST_NAMES = {"lab": 1, **{n.name: n.index for n in NODES}}   # "lab" / "lab1" = node 1, "lab2".. = nodes 2..
+
+
+def resolve_node(host: "int | str | LabNode | None" = None) -> LabNode:
+    """None -> node 1; an index 1..4; or a host name: "lab" / "lab1" = node 1, "lab2".."lab4"."""
+    if host is None:
+        return NODES[0]
+    if isinstance(host, LabNode):
+        return host
+    if isinstance(host, int) and not isinstance(host, bool):
+        if 1 <= host <= MAX_NODES:
+            return NODES[host - 1]
+    elif isinstance(host, str):
+        key = host.strip().lower()
+        if key in HOST_NAMES:
+            return NODES[HOST_NAMES[key] - 1]
+        if key.isdigit() and 1 <= int(key) <= MAX_NODES:
+            return NODES[int(key) - 1]
+    from opsctl.errors import ConfigError
+
+    raise ConfigError(f"unknown lab host {host!r}",
+                      f"one of: {', '.join(HOST_NAMES)} (or a node index 1..{MAX_NODES})")
+
+
+# node 1: the names the single-host lab has always had (inventories/lab, docs/lab.md, tests)
+NODE1 = NODES[0]
+NETNS = NODE1.netns                  # "opsctl-lab"
+VETH_HOST = NODE1.veth_host          # "olab-h"
+VETH_GUEST = NODE1.veth_guest        # "olab-g"
+HOST_IP = NODE1.host_ip              # "10.203.9.1"
+GUEST_IP = NODE1.guest_ip            # "10.203.9.2"
+MACHINE = NODE1.machine              # "opsctl-lab"
+HOSTNAME = NODE1.hostname            # "gpuhost"
+CGROUP_NAME = NODE1.cgroup_name      # "opsctl-lab"
 CGROUP_HIERARCHIES = ("systemd", "unified")  # hybrid v1 (name=systemd) + v2 (unified), as on this machine
 OVERLAY_SIZE = "4g"
 

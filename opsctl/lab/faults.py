@@ -10,6 +10,8 @@ Two kinds:
                 (as a crashed server that left a process holding GPU memory);
   port_holder   a listener on the service port (default 30000), so the
                 service cannot bind it and host checks see the port taken.
+Every call takes `host`: a node index or a host name ("lab" / "lab1" = node 1,
+"lab2".."lab4"; the names inventories/lab-fleet uses); None = node 1.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import shlex
 
 from opsctl.errors import ConfigError, LabError
 from opsctl.lab import constants as C
-from opsctl.lab.host import guest_run
+from opsctl.lab import host as _host
 
 EMULATOR_FAULTS: dict[str, dict] = {
     "capture_failure": {"params": {"message": "CUDA error: out of memory"},
@@ -93,8 +95,8 @@ def parse_params(pairs: list[str]) -> dict:
     return out
 
 
-def _read_file() -> dict:
-    proc = guest_run(f"cat {C.GUEST_FAULTS_FILE} 2>/dev/null || true", timeout=15, check=True)
+def _read_file(node: C.LabNode) -> dict:
+    proc = _host.guest_run(f"cat {C.GUEST_FAULTS_FILE} 2>/dev/null || true", timeout=15, node=node, check=True)
     try:
         data = json.loads(proc.stdout) if proc.stdout.strip() else {}
     except ValueError:
@@ -103,13 +105,13 @@ def _read_file() -> dict:
     return dict(faults)
 
 
-def _write_file(faults: dict) -> None:
+def _write_file(faults: dict, node: C.LabNode) -> None:
     d = C.GUEST_FAULTS_FILE.rsplit("/", 1)[0]
     if faults:
-        guest_run(f"mkdir -p {d} && cat > {C.GUEST_FAULTS_FILE}.tmp && mv {C.GUEST_FAULTS_FILE}.tmp {C.GUEST_FAULTS_FILE}",
-                  stdin=json.dumps({"faults": faults}, indent=1, sort_keys=True) + "\n", timeout=15, check=True)
+        _host.guest_run(f"mkdir -p {d} && cat > {C.GUEST_FAULTS_FILE}.tmp && mv {C.GUEST_FAULTS_FILE}.tmp {C.GUEST_FAULTS_FILE}",
+                  stdin=json.dumps({"faults": faults}, indent=1, sort_keys=True) + "\n", timeout=15, node=node, check=True)
     else:
-        guest_run(f"rm -f {C.GUEST_FAULTS_FILE}", timeout=15, check=True)
+        _host.guest_run(f"rm -f {C.GUEST_FAULTS_FILE}", timeout=15, node=node, check=True)
 
 
 PORT_HOLDER = """import socket, sys, time
@@ -123,7 +125,7 @@ while True:
 """
 
 
-def _start_condition(name: str, params: dict) -> str:
+def _start_condition(name: str, params: dict, node: C.LabNode) -> str:
     """Start the condition's transient unit in the guest (one SSH round trip); returns its main PID."""
     unit = _UNIT[name]
     if name == "gpu_leftover":
@@ -140,29 +142,30 @@ def _start_condition(name: str, params: dict) -> str:
               f"for i in $(seq 200); do pid=$(systemctl show -p MainPID --value {unit}); "
               f"if [ -n \"$pid\" ] && [ \"$pid\" != 0 ] && {ready}; then echo $pid; exit 0; fi; sleep 0.05; done; "
               f"systemctl status --no-pager {unit}; journalctl -u {unit} --no-pager -n 20; exit 1")
-    proc = guest_run(script, timeout=40)
+    proc = _host.guest_run(script, timeout=40, node=node)
     if proc.returncode != 0:
-        raise LabError(f"could not start {unit} on the lab host: {(proc.stdout + proc.stderr).strip()[-600:]}")
+        raise LabError(f"could not start {unit} on lab host {node.name}: {(proc.stdout + proc.stderr).strip()[-600:]}")
     pid = proc.stdout.strip().splitlines()[-1]
     if name == "gpu_leftover":
         reg = json.dumps({"pid": int(pid), "name": "python3", "used_memory_mib": int(params["memory_mib"]),
                           "gpus": list(range(8)), "opsctl_lab_fault": "gpu_leftover"})
-        guest_run(f"mkdir -p {C.GUEST_RUN_DIR}/gpu-procs && cat > {C.GUEST_RUN_DIR}/gpu-procs/{pid}.json",
-                  stdin=reg, timeout=10, check=True)
+        _host.guest_run(f"mkdir -p {C.GUEST_RUN_DIR}/gpu-procs && cat > {C.GUEST_RUN_DIR}/gpu-procs/{pid}.json",
+                  stdin=reg, timeout=10, node=node, check=True)
     return pid
 
 
-def _stop_condition(name: str) -> None:
+def _stop_condition(name: str, node: C.LabNode) -> None:
     unit = _UNIT[name]
-    guest_run(f"pid=$(systemctl show -p MainPID --value {unit} 2>/dev/null); "
+    _host.guest_run(f"pid=$(systemctl show -p MainPID --value {unit} 2>/dev/null); "
               f"systemctl stop {unit} 2>/dev/null; systemctl reset-failed {unit} 2>/dev/null; "
               f"[ -n \"$pid\" ] && rm -f {C.GUEST_RUN_DIR}/gpu-procs/$pid.json; "
               f"grep -l '\"opsctl_lab_fault\"' {C.GUEST_RUN_DIR}/gpu-procs/*.json 2>/dev/null | xargs -r rm -f; true",
-              timeout=20)
+              timeout=20, node=node)
 
 
-def set_fault(name: str, **params) -> dict:
-    """Activate a fault; returns its effective parameters."""
+def set_fault(name: str, host: "int | str | None" = None, **params) -> dict:
+    """Activate a fault on one lab host (node 1 unless `host` says); returns its effective parameters."""
+    node = C.resolve_node(host)
     key = normalise(name)
     # every emulator fault can be scoped to one --speculative-algorithm ("DDTREE", "none" = autoregressive)
     allowed = set(ALL[key]["params"]) | ({"algorithm"} if key in EMULATOR_FAULTS else set())
@@ -172,45 +175,49 @@ def set_fault(name: str, **params) -> dict:
                           f"parameters: {', '.join(sorted(allowed)) or '(none)'}")
     effective = {**ALL[key]["params"], **params}
     if key in HOST_CONDITIONS:
-        effective["pid"] = int(_start_condition(key, effective))
+        effective["pid"] = int(_start_condition(key, effective, node))
         return effective
-    faults = _read_file()
+    faults = _read_file(node)
     faults[key] = effective
-    _write_file(faults)
+    _write_file(faults, node)
     return effective
 
 
-def clear_fault(name: str | None = None) -> list[str]:
-    """Clear one fault, or all (name None). Returns the names cleared."""
+def clear_fault(name: str | None = None, host: "int | str | None" = None) -> list[str]:
+    """Clear one fault, or all (name None), on one lab host (node 1 unless `host` says). Returns the names cleared."""
+    node = C.resolve_node(host)
     cleared = []
     keys = [normalise(name)] if name else list(ALL)
-    file_faults = _read_file()
+    file_faults = _read_file(node)
     changed = False
     for key in keys:
         if key in HOST_CONDITIONS:
-            if name or active_conditions().get(key):
-                _stop_condition(key)
+            if name or active_conditions(node).get(key):
+                _stop_condition(key, node)
                 cleared.append(key)
         elif key in file_faults:
             file_faults.pop(key)
             changed = True
             cleared.append(key)
     if changed or not name:
-        _write_file(file_faults)
+        _write_file(file_faults, node)
     return cleared
 
 
-def active_conditions() -> dict[str, bool]:
+def active_conditions(host: "int | str | C.LabNode | None" = None) -> dict[str, bool]:
+    node = C.resolve_node(host)
     out = {}
     for key, unit in _UNIT.items():
-        out[key] = guest_run(f"systemctl is-active --quiet {unit}", timeout=10).returncode == 0
+        out[key] = _host.guest_run(f"systemctl is-active --quiet {unit}", timeout=10, node=node).returncode == 0
     return out
 
 
-def list_faults() -> dict:
-    """{"active": {name: params}, "available": {name: {"params", "symptom"}}}"""
-    active = dict(_read_file())
-    for key, on in active_conditions().items():
+def list_faults(host: "int | str | None" = None) -> dict:
+    """{"active": {name: params}, "available": {name: {"params", "symptom"}}, "file", "host"} of one lab host."""
+    node = C.resolve_node(host)
+    active = dict(_read_file(node))
+    for key, on in active_conditions(node).items():
         if on:
             active[key] = {"unit": _UNIT[key]}
-    return {"active": active, "available": ALL, "file": C.GUEST_FAULTS_FILE}
+    return {"active": active, "available": ALL, "file": C.GUEST_FAULTS_FILE, "host": node.name,
+            "address": node.guest_ip}

@@ -116,34 +116,40 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
-def _recorded_pid() -> int | None:
+def _node(node: "int | str | C.LabNode | None" = None) -> C.LabNode:
+    return C.resolve_node(node)
+
+
+def _recorded_pid(node: "int | C.LabNode" = 1) -> int | None:
     try:
-        return int(C.PID_FILE.read_text().strip())
+        return int(_node(node).pid_file.read_text().strip())
     except (OSError, ValueError):
         return None
 
 
-def _is_our_nspawn(pid: int) -> bool:
-    """nspawn for our machine, or our boot script before it execs nspawn."""
+def _is_our_nspawn(pid: int, node: "int | C.LabNode" = 1) -> bool:
+    """nspawn for this node's machine (its own --machine= argv), or its boot script before it execs nspawn."""
+    n = _node(node)
     cmd = _cmdline(pid)
     if not cmd:
         return False
-    if "systemd-nspawn" in cmd[0] and f"--machine={C.MACHINE}" in cmd:
+    if "systemd-nspawn" in cmd[0] and f"--machine={n.machine}" in cmd:
         return True
-    return str(C.BOOT_SCRIPT) in cmd[:3]
+    return str(n.boot_script) in cmd[:3]
 
 
-def cgroup_dirs() -> list[Path]:
-    """The cgroup directories the lab's boot script puts itself into."""
+def cgroup_dirs(node: "int | C.LabNode" = 1) -> list[Path]:
+    """The cgroup directories a node's boot script puts itself into."""
+    n = _node(node)
     root = Path("/sys/fs/cgroup")
     if (root / "unified").is_dir() or (root / "systemd").is_dir():  # hybrid / legacy
-        return [root / h / C.CGROUP_NAME for h in C.CGROUP_HIERARCHIES if (root / h).is_dir()]
-    return [root / C.CGROUP_NAME]  # pure cgroup v2
+        return [root / h / n.cgroup_name for h in C.CGROUP_HIERARCHIES if (root / h).is_dir()]
+    return [root / n.cgroup_name]  # pure cgroup v2
 
 
-def _cgroup_pids() -> set[int]:
+def _cgroup_pids(node: "int | C.LabNode" = 1) -> set[int]:
     pids: set[int] = set()
-    for top in cgroup_dirs():
+    for top in cgroup_dirs(node):
         if not top.is_dir():
             continue
         for dirpath, _dirs, files in os.walk(top):
@@ -163,21 +169,29 @@ def _rmdir_tree(top: Path) -> None:
             os.rmdir(dirpath)
 
 
-def netns_exists() -> bool:
-    return Path(f"/run/netns/{C.NETNS}").exists()
+def netns_exists(node: "int | C.LabNode" = 1) -> bool:
+    return Path(f"/run/netns/{_node(node).netns}").exists()
 
 
 def _link_exists(name: str) -> bool:
     return Path(f"/sys/class/net/{name}").exists()
 
 
-def _our_mounts() -> list[str]:
-    needles = (str(C.STATE_DIR), f"/run/netns/{C.NETNS}")
+def _our_mounts(node: "int | C.LabNode | None" = None) -> list[str]:
+    """Mounts of this machine's mount namespace that belong to the lab: under the state dir or a
+    node's netns (node None); a node's own: its netns and its overlay dir only."""
+    if node is None:
+        exact = {f"/run/netns/{n.netns}" for n in C.NODES}
+        prefixes = (str(C.STATE_DIR),)
+    else:
+        n = _node(node)
+        exact = {f"/run/netns/{n.netns}", str(n.overlay_dir)}
+        prefixes = (f"{n.overlay_dir}/",)
     out = []
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/mountinfo").read_text().splitlines():
             mnt = line.split()[4]
-            if any(mnt.startswith(n) for n in needles):
+            if mnt in exact or any(mnt.startswith(p) for p in prefixes):
                 out.append(mnt)
     return out
 
@@ -203,34 +217,37 @@ def _locked(path: Path = C.LOCK_FILE, wait_s: float = 300) -> Iterator[None]:
 
 # ---------------------------------------------------------------- SSH to the guest
 
-def ssh_argv(command: str | None = None, *, tty: bool = False) -> list[str]:
+def ssh_argv(command: str | None = None, *, tty: bool = False, node: "int | str | C.LabNode" = 1) -> list[str]:
     argv = ["ssh", "-i", str(C.KEY_FILE), *C.SSH_OPTIONS, "-p", str(C.SSH_PORT)]
     if tty:
         argv.append("-t")
-    argv.append(f"{C.SSH_USER}@{C.GUEST_IP}")
+    argv.append(f"{C.SSH_USER}@{_node(node).guest_ip}")
     if command is not None:
         argv += ["--", command]
     return argv
 
 
 def guest_run(command: str, *, timeout: float = 60, stdin: str | None = None,
-              check: bool = False) -> subprocess.CompletedProcess:
-    """Run a shell command in the guest over SSH (the lab's own plumbing)."""
+              check: bool = False, node: "int | str | C.LabNode" = 1) -> subprocess.CompletedProcess:
+    """Run a shell command in a guest (node 1 unless told) over SSH (the lab's own plumbing)."""
+    n = _node(node)
+    where = "the lab host" if n.index == 1 else f"lab host {n.name}"
     try:
-        proc = subprocess.run(ssh_argv(command), capture_output=True, text=True, timeout=timeout,
+        proc = subprocess.run(ssh_argv(command, node=n), capture_output=True, text=True, timeout=timeout,
                               input=stdin if stdin is not None else "")
     except subprocess.TimeoutExpired as exc:
-        raise LabError(f"command on the lab host timed out after {timeout}s: {command[:80]!r}") from exc
+        raise LabError(f"command on {where} timed out after {timeout}s: {command[:80]!r}") from exc
     if check and proc.returncode != 0:
-        raise LabError(f"command on the lab host failed (exit {proc.returncode}): {command[:80]!r}: "
+        raise LabError(f"command on {where} failed (exit {proc.returncode}): {command[:80]!r}: "
                        f"{(proc.stderr.strip() or proc.stdout.strip())[-300:]}",
-                       "is the lab up? 'opsctl lab status'")
+                       "is the lab up? 'opsctl lab status'" if n.index == 1 else
+                       f"is {n.name} up? 'opsctl lab status'; 'opsctl lab up --hosts {n.index}' boots it")
     return proc
 
 
-def ssh_answers(timeout: float = 4) -> bool:
+def ssh_answers(timeout: float = 4, node: "int | str | C.LabNode" = 1) -> bool:
     try:
-        return guest_run("true", timeout=timeout).returncode == 0
+        return guest_run("true", timeout=timeout, node=node).returncode == 0
     except LabError:
         return False
 
@@ -247,53 +264,86 @@ class LabStatus:
     address: str = C.GUEST_IP
     key_file: str = str(C.KEY_FILE)
     ssh_command: str = ""
+    node: int = 1
+    host: str = "lab1"          # its name in inventories/lab-fleet
+    hostname: str = C.HOSTNAME
+    machine: str = C.MACHINE
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def status(probe_ssh: bool = True) -> LabStatus:
-    pid = _recorded_pid()
-    running = bool(pid and _pid_alive(pid) and _is_our_nspawn(pid))
-    ssh_ok = running and probe_ssh and ssh_answers()
+def _running(node: "int | C.LabNode" = 1) -> tuple[bool, int | None]:
+    pid = _recorded_pid(node)
+    return bool(pid and _pid_alive(pid) and _is_our_nspawn(pid, node)), pid
+
+
+def status(probe_ssh: bool = True, node: "int | str | C.LabNode" = 1) -> LabStatus:
+    """One node's status (node 1 unless told: what single-host callers always got)."""
+    n = _node(node)
+    running, pid = _running(n)
+    ssh_ok = running and probe_ssh and ssh_answers(node=n)
     state = ""
     if ssh_ok:
-        state = guest_run("systemctl is-system-running", timeout=10).stdout.strip()
-    return LabStatus(running=running, pid=pid if running else None, netns=netns_exists(), ssh=ssh_ok,
-                     system_state=state, ssh_command=shlex.join(ssh_argv()))
+        state = guest_run("systemctl is-system-running", timeout=10, node=n).stdout.strip()
+    return LabStatus(running=running, pid=pid if running else None, netns=netns_exists(n), ssh=ssh_ok,
+                     system_state=state, address=n.guest_ip, ssh_command=shlex.join(ssh_argv(node=n)),
+                     node=n.index, host=n.name, hostname=n.hostname, machine=n.machine)
 
 
-def leftovers() -> list[str]:
-    """Everything the lab may leave on this machine; [] after a clean `down`."""
-    out: list[str] = []
-    pid = _recorded_pid()
-    if pid and _pid_alive(pid) and _is_our_nspawn(pid):
-        out.append(f"process: nspawn pid {pid}")
-    if C.PID_FILE.exists():
-        out.append(f"file: {C.PID_FILE}")
-    for p in sorted(_cgroup_pids()):
-        out.append(f"process: pid {p} in the lab cgroup")
-    for d in cgroup_dirs():
-        if d.exists():
-            out.append(f"cgroup: {d}")
-    if netns_exists():
-        out.append(f"netns: {C.NETNS}")
-    for link in (C.VETH_HOST, C.VETH_GUEST):
-        if _link_exists(link):
-            out.append(f"link: {link}")
-    for m in _our_mounts():
-        out.append(f"mount: {m}")
-    for d in _nspawn_runtime_dirs():
-        if d.exists():
-            out.append(f"dir: {d}")
-    for pid_ in _stray_nspawns():
-        out.append(f"process: nspawn pid {pid_} for machine {C.MACHINE}")
+def fleet_status(probe_ssh: bool = True) -> list[LabStatus]:
+    """Per-node status of every node that is up or has leftovers (index order)."""
+    out = []
+    for n in C.NODES:
+        if _running(n)[0] or node_leftovers(n):
+            out.append(status(probe_ssh=probe_ssh, node=n))
     return out
 
 
-def _nspawn_runtime_dirs() -> list[Path]:
+def node_leftovers(node: "int | C.LabNode" = 1) -> list[str]:
+    """What one node may leave on this machine; [] when that node is down and clean."""
+    n = _node(node)
+    out: list[str] = []
+    pid = _recorded_pid(n)
+    if pid and _pid_alive(pid) and _is_our_nspawn(pid, n):
+        out.append(f"process: nspawn pid {pid}")
+    if n.pid_file.exists():
+        out.append(f"file: {n.pid_file}")
+    for p in sorted(_cgroup_pids(n)):
+        out.append(f"process: pid {p} in the lab cgroup {n.cgroup_name}")
+    for d in cgroup_dirs(n):
+        if d.exists():
+            out.append(f"cgroup: {d}")
+    if netns_exists(n):
+        out.append(f"netns: {n.netns}")
+    for link in (n.veth_host, n.veth_guest):
+        if _link_exists(link):
+            out.append(f"link: {link}")
+    for m in _our_mounts(n):
+        out.append(f"mount: {m}")
+    for d in _nspawn_runtime_dirs(n):
+        if d.exists():
+            out.append(f"dir: {d}")
+    for pid_ in _stray_nspawns(n):
+        if pid_ != pid:
+            out.append(f"process: nspawn pid {pid_} for machine {n.machine}")
+    return out
+
+
+def leftovers() -> list[str]:
+    """Everything the lab (every node) may leave on this machine; [] after a clean full `down`."""
+    out: list[str] = []
+    for n in C.NODES:
+        out += [x for x in node_leftovers(n) if not x.startswith("mount: ")]
+    for m in _our_mounts(None):
+        out.append(f"mount: {m}")
+    return out
+
+
+def _nspawn_runtime_dirs(node: "int | C.LabNode" = 1) -> list[Path]:
     base = Path("/run/systemd/nspawn")
-    return [base / "propagate" / C.MACHINE, base / "unix-export" / C.MACHINE]
+    m = _node(node).machine
+    return [base / "propagate" / m, base / "unix-export" / m]
 
 
 def _reap(pid: int) -> None:
@@ -302,22 +352,24 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
-def _stray_nspawns() -> list[int]:
-    """nspawn processes for our machine name (e.g. from a lost PID file)."""
+def _stray_nspawns(node: "int | C.LabNode" = 1) -> list[int]:
+    """nspawn processes for a node's machine name (e.g. from a lost PID file)."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             pid = int(entry.name)
-            if _is_our_nspawn(pid) and _pid_alive(pid):
+            if _is_our_nspawn(pid, node) and _pid_alive(pid):
                 found.append(pid)
     return found
 
 
 # ---------------------------------------------------------------- teardown
 
-def _stop_pid(pid: int, wait_s: float, say: Say) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
+def _stop_pid(pid: int, wait_s: float, say: Say, term: bool = True) -> None:
+    """SIGTERM (unless already sent: term False), wait up to wait_s, then SIGKILL; reap."""
+    if term:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline and _pid_alive(pid):
         time.sleep(0.1)
@@ -332,42 +384,63 @@ def _stop_pid(pid: int, wait_s: float, say: Say) -> None:
         time.sleep(0.05)
 
 
-def _cleanup(say: Say, halt_wait_s: float = 30) -> None:
-    """Remove everything a (running or crashed) lab left behind."""
-    for pid in {p for p in [_recorded_pid()] if p} | set(_stray_nspawns()):
-        if _pid_alive(pid) and _is_our_nspawn(pid):
-            say(f"lab: halting the guest (nspawn pid {pid})")
-            _stop_pid(pid, halt_wait_s, say)
-    # whatever is left in our cgroup was started by our boot script (the guest's processes)
+def _halt(node: "int | C.LabNode", say: Say, halt_wait_s: float = 30) -> list[int]:
+    """SIGTERM a node's nspawn (a clean poweroff); returns the PIDs signalled (not waited for)."""
+    n = _node(node)
+    pids = []
+    for pid in {p for p in [_recorded_pid(n)] if p} | set(_stray_nspawns(n)):
+        if _pid_alive(pid) and _is_our_nspawn(pid, n):
+            say(f"lab: halting {n.name if n.index > 1 else 'the guest'} (nspawn pid {pid})")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            pids.append(pid)
+    return pids
+
+
+def _cleanup(say: Say, halt_wait_s: float = 30, node: "int | C.LabNode" = 1) -> None:
+    """Remove everything a node's (running or crashed) lab left behind."""
+    n = _node(node)
+    for pid in _halt(n, say):
+        _stop_pid(pid, halt_wait_s, say)
+    # whatever is left in the node's cgroup was started by its boot script (the guest's processes)
     for _ in range(50):
-        pids = _cgroup_pids()
+        pids = _cgroup_pids(n)
         if not pids:
             break
         for p in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGKILL)
         time.sleep(0.1)
-    for d in cgroup_dirs():
+    for d in cgroup_dirs(n):
         _rmdir_tree(d)
-    if netns_exists():
-        _run(["ip", "netns", "del", C.NETNS])
-    if _link_exists(C.VETH_HOST):
-        _run(["ip", "link", "del", C.VETH_HOST])
-    for d in _nspawn_runtime_dirs():
+    if netns_exists(n):
+        _run(["ip", "netns", "del", n.netns])
+    if _link_exists(n.veth_host):
+        _run(["ip", "link", "del", n.veth_host])
+    for d in _nspawn_runtime_dirs(n):
         shutil.rmtree(d, ignore_errors=True)
     for d in (Path("/run/systemd/nspawn/propagate"), Path("/run/systemd/nspawn/unix-export"),
               Path("/run/systemd/nspawn/locks"), Path("/run/systemd/nspawn")):
         with contextlib.suppress(OSError):
-            d.rmdir()  # only when empty: nothing of anyone else's is touched
-    C.PID_FILE.unlink(missing_ok=True)
+            d.rmdir()  # only when empty: nothing of anyone else's (or another node's) is touched
+    n.pid_file.unlink(missing_ok=True)
 
 
-def down(say: Say = print) -> list[str]:
-    """Halt the guest and remove everything; returns leftovers (empty when clean)."""
+def down(say: Say = print, nodes: "list[int | str] | None" = None) -> list[str]:
+    """Halt guests and remove everything they left; returns leftovers (empty when clean).
+
+    nodes None: every node (the whole lab; checks leftovers() of all of them). A list of
+    indexes (or host names): only those nodes; the others keep running."""
     require_root()
+    targets = list(C.NODES) if nodes is None else [_node(x) for x in nodes]
     with _locked():
-        _cleanup(say)
-    left = leftovers()
+        # signal every guest first so they power off side by side, then clean up each
+        signalled = [pid for n in targets for pid in _halt(n, say)]
+        for pid in signalled:
+            _stop_pid(pid, 30, say, term=False)
+        for n in targets:
+            _cleanup(say, node=n)
+    left = leftovers() if nodes is None else [x for n in targets for x in node_leftovers(n)]
     if left:
         raise LabError("lab teardown left: " + "; ".join(left), "run 'opsctl lab down' again; see docs/lab.md")
     return left
@@ -375,37 +448,39 @@ def down(say: Say = print) -> list[str]:
 
 # ---------------------------------------------------------------- boot
 
-def _boot_script(cg_dirs: list[Path]) -> str:
+def _boot_script(cg_dirs: list[Path], node: "int | C.LabNode" = 1) -> str:
+    n = _node(node)
     W = str(C.STATE_DIR)
+    cg = str(n.overlay_dir)
     masks = " ".join(C.MASKED_UNITS)
     cg_lines = "\n".join(f"mkdir -p {d}; echo $$ > {d}/cgroup.procs" for d in cg_dirs)
     return f"""#!/bin/bash
-# Generated by opsctl.lab (do not edit). Started as: setsid unshare -m {C.BOOT_SCRIPT}
+# Generated by opsctl.lab (do not edit). Started as: setsid unshare -m {n.boot_script}
 set -e
 # 1. own cgroup FIRST: systemd inside nspawn must never see the machine's root cgroup
 {cg_lines}
 # 2. private mounts: tmpfs + overlay of / exist only in this mount namespace
 mount --make-rprivate /
-mkdir -p {W}/cg
-mount -t tmpfs -o size={C.OVERLAY_SIZE},mode=755 opsctl-lab {W}/cg
-mkdir -p {W}/cg/u {W}/cg/w {W}/cg/m
-mount -t overlay opsctl-lab -o lowerdir=/,upperdir={W}/cg/u,workdir={W}/cg/w {W}/cg/m
-M={W}/cg/m
+mkdir -p {cg}
+mount -t tmpfs -o size={C.OVERLAY_SIZE},mode=755 {n.machine} {cg}
+mkdir -p {cg}/u {cg}/w {cg}/m
+mount -t overlay {n.machine} -o lowerdir=/,upperdir={cg}/u,workdir={cg}/w {cg}/m
+M={cg}/m
 # 3. guest-only files (nvidia-smi, nvcc, model dir, authorized key) into the overlay
 cp -a {W}/guest/. $M/
 chmod 700 $M/root/.ssh; chmod 600 $M/root/.ssh/authorized_keys
 for u in {masks}; do ln -sf /dev/null $M/etc/systemd/system/$u; done
 rm -f $M/etc/systemd/system/multi-user.target.wants/postgresql.service
-echo {C.HOSTNAME} > $M/etc/hostname; : > $M/etc/machine-id
+echo {n.hostname} > $M/etc/hostname; : > $M/etc/machine-id
 rm -f $M/usr/sbin/policy-rc.d
 exec systemd-nspawn -q -D $M --boot --register=no --keep-unit \\
-  --network-namespace-path=/run/netns/{C.NETNS} --machine={C.MACHINE} --hostname={C.HOSTNAME} \\
+  --network-namespace-path=/run/netns/{n.netns} --machine={n.machine} --hostname={n.hostname} \\
   --resolv-conf=off --timezone=off
 """
 
 
 def _stage_guest_files() -> None:
-    """The tree copied into the guest's overlay at boot (guest only)."""
+    """The tree copied into each guest's overlay at boot (guest only; the same for every node)."""
     from opsctl.lab import guestfiles
 
     staging = C.STATE_DIR / "guest"
@@ -413,42 +488,77 @@ def _stage_guest_files() -> None:
     guestfiles.write_tree(staging, C.KEY_FILE.with_suffix(".pub").read_text())
 
 
-def _setup_network() -> None:
-    _run(["ip", "netns", "add", C.NETNS], check=True)
-    _run(["ip", "link", "add", C.VETH_HOST, "type", "veth", "peer", "name", C.VETH_GUEST], check=True)
-    _run(["ip", "link", "set", C.VETH_GUEST, "netns", C.NETNS], check=True)
-    _run(["ip", "addr", "add", f"{C.HOST_IP}/{C.PREFIX}", "dev", C.VETH_HOST], check=True)
-    _run(["ip", "link", "set", C.VETH_HOST, "up"], check=True)
-    _run(["ip", "-n", C.NETNS, "addr", "add", f"{C.GUEST_IP}/{C.PREFIX}", "dev", C.VETH_GUEST], check=True)
-    _run(["ip", "-n", C.NETNS, "link", "set", C.VETH_GUEST, "up"], check=True)
-    _run(["ip", "-n", C.NETNS, "link", "set", "lo", "up"], check=True)
+def _setup_network(node: "int | C.LabNode" = 1) -> None:
+    n = _node(node)
+    _run(["ip", "netns", "add", n.netns], check=True)
+    _run(["ip", "link", "add", n.veth_host, "type", "veth", "peer", "name", n.veth_guest], check=True)
+    _run(["ip", "link", "set", n.veth_guest, "netns", n.netns], check=True)
+    _run(["ip", "addr", "add", f"{n.host_ip}/{C.PREFIX}", "dev", n.veth_host], check=True)
+    _run(["ip", "link", "set", n.veth_host, "up"], check=True)
+    _run(["ip", "-n", n.netns, "addr", "add", f"{n.guest_ip}/{C.PREFIX}", "dev", n.veth_guest], check=True)
+    _run(["ip", "-n", n.netns, "link", "set", n.veth_guest, "up"], check=True)
+    _run(["ip", "-n", n.netns, "link", "set", "lo", "up"], check=True)
 
 
-def _boot_log_tail(n: int = 15) -> str:
+def _boot_log_tail(n: int = 15, node: "int | C.LabNode" = 1) -> str:
     try:
-        return "\n".join(C.BOOT_LOG.read_text(errors="replace").splitlines()[-n:])
+        return "\n".join(_node(node).boot_log.read_text(errors="replace").splitlines()[-n:])
     except OSError:
         return ""
 
 
-def up(say: Say = print, *, timeout_s: float = 90, install: bool = True) -> LabStatus:
-    """Boot the lab (idempotent). Cleans up a crashed earlier run first."""
+def check_hosts(hosts: int) -> int:
+    if not isinstance(hosts, int) or isinstance(hosts, bool) or hosts < 1:
+        raise LabError(f"the lab runs 1 to {C.MAX_NODES} hosts, not {hosts!r}", "e.g. 'opsctl lab up --hosts 3'")
+    if hosts > C.MAX_NODES:
+        raise LabError(f"the lab runs at most {C.MAX_NODES} hosts on this machine")
+    return hosts
+
+
+def _start_node(n: C.LabNode, say: Say) -> subprocess.Popen:
+    dirs = cgroup_dirs(n)
+    n.boot_script.write_text(_boot_script(dirs, n))
+    n.boot_script.chmod(0o755)
+    _setup_network(n)
+    log = open(n.boot_log, "wb")
+    proc = subprocess.Popen(["unshare", "-m", str(n.boot_script)], stdin=subprocess.DEVNULL,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+    log.close()
+    n.pid_file.write_text(f"{proc.pid}\n")
+    what = "" if n.index == 1 else f" {n.name} ({n.guest_ip})"
+    say(f"lab: booting{what} (nspawn pid {proc.pid}, log {n.boot_log})")
+    return proc
+
+
+def up(say: Say = print, *, timeout_s: float = 90, install: bool = True, hosts: int = 1) -> LabStatus:
+    """Boot the lab's nodes 1..hosts (idempotent: nodes up are kept, missing ones booted side by side;
+    nodes above `hosts` are left as they are). Cleans up a node's crashed earlier run first.
+    Returns node 1's status (fleet_status() has every node's)."""
+    check_hosts(hosts)
     require_root()
     if install:
         ensure_packages(say)
     with _locked():
-        st = status()
-        if st.running and st.ssh:
-            say(f"lab: already up (nspawn pid {st.pid}); reach it with: {st.ssh_command}")
+        wanted = list(C.NODES[:hosts])
+        todo: list[C.LabNode] = []
+        for n in wanted:
+            st = status(node=n)
+            if st.running and st.ssh:
+                continue
+            if st.running or node_leftovers(n):
+                say("lab: cleaning up an earlier run" + ("" if n.index == 1 else f" of {n.name}"))
+                _cleanup(say, node=n)
+                left = node_leftovers(n)
+                if left:
+                    raise LabError("could not clean up an earlier lab run: " + "; ".join(left),
+                                   "see docs/lab.md (manual cleanup)")
+            todo.append(n)
+        if not todo:
+            st = status()
+            more = f" ({hosts} hosts)" if hosts > 1 else ""
+            say(f"lab: already up{more} (nspawn pid {st.pid}); reach it with: {st.ssh_command}")
             _ensure_artifacts(say)
             return st
-        if st.running or leftovers():
-            say("lab: cleaning up an earlier run")
-            _cleanup(say)
-            left = leftovers()
-            if left:
-                raise LabError("could not clean up an earlier lab run: " + "; ".join(left),
-                               "see docs/lab.md (manual cleanup)")
         t0 = time.monotonic()
         C.STATE_DIR.mkdir(parents=True, exist_ok=True)
         os.chmod(C.STATE_DIR, 0o755)
@@ -457,32 +567,45 @@ def up(say: Say = print, *, timeout_s: float = 90, install: bool = True) -> LabS
                  check=True)
         _ensure_artifacts(say)
         _stage_guest_files()
-        dirs = cgroup_dirs()
-        C.BOOT_SCRIPT.write_text(_boot_script(dirs))
-        C.BOOT_SCRIPT.chmod(0o755)
-        _setup_network()
-        log = open(C.BOOT_LOG, "wb")
-        proc = subprocess.Popen(["unshare", "-m", str(C.BOOT_SCRIPT)], stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
-        log.close()
-        C.PID_FILE.write_text(f"{proc.pid}\n")
-        say(f"lab: booting (nspawn pid {proc.pid}, log {C.BOOT_LOG})")
+        procs: dict[C.LabNode, subprocess.Popen] = {}
+
+        def fail(problem: str, n: C.LabNode) -> LabError:
+            for m in procs:
+                _cleanup(_quiet, node=m)
+            return LabError(problem, f"see {n.boot_log}")
+
+        for n in todo:   # start every nspawn, then wait for SSH on each: the nodes boot side by side
+            procs[n] = _start_node(n, say)
         deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                tail = _boot_log_tail()
-                _cleanup(_quiet)
-                raise LabError(f"the lab container exited during boot (rc {proc.returncode}): {tail[-600:]}",
-                               f"see {C.BOOT_LOG}")
-            if ssh_answers(timeout=3):
+        pending = list(todo)
+        while pending:
+            for n in list(pending):
+                proc = procs[n]
+                if proc.poll() is not None:
+                    tail = _boot_log_tail(node=n)
+                    raise fail(f"the lab container{'' if n.index == 1 else ' ' + n.name} exited during boot "
+                               f"(rc {proc.returncode}): {tail[-600:]}", n)
+                if ssh_answers(timeout=3, node=n):
+                    pending.remove(n)
+            if not pending:
                 break
             if time.monotonic() > deadline:
-                _cleanup(_quiet)
-                raise LabError(f"the lab host did not answer SSH within {timeout_s:.0f}s", f"see {C.BOOT_LOG}")
+                names = ", ".join(n.name for n in pending)
+                raise fail(f"the lab host{'s' if len(pending) > 1 else ''} {names} did not answer SSH "
+                           f"within {timeout_s:.0f}s", pending[0])
             time.sleep(0.2)
-        state = guest_run("systemctl is-system-running --wait", timeout=max(5.0, deadline - time.monotonic())).stdout.strip()
-        say(f"lab: up in {time.monotonic() - t0:.1f}s (system {state or 'unknown'}); "
-            f"reach it with: {shlex.join(ssh_argv())}")
+        states = []
+        for n in todo:
+            state = guest_run("systemctl is-system-running --wait", node=n,
+                              timeout=max(5.0, deadline - time.monotonic())).stdout.strip()
+            states.append(state or "unknown")
+        if len(todo) == 1 and todo[0].index == 1:
+            say(f"lab: up in {time.monotonic() - t0:.1f}s (system {states[0]}); "
+                f"reach it with: {shlex.join(ssh_argv())}")
+        else:
+            say(f"lab: {len(todo)} host(s) up in {time.monotonic() - t0:.1f}s ("
+                + ", ".join(f"{n.name} {n.guest_ip} {s}" for n, s in zip(todo, states))
+                + f"); reach one with: opsctl lab ssh --host {todo[-1].name}")
         return status()
 
 

@@ -81,3 +81,22 @@ def test_wheel_installs_offline_as_sglang_0_5_23(tmp_path):
     r = subprocess.run([str(venv / "bin" / "python"), "-m", "sglang.launch_server", "--help"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "--speculative-num-draft-tokens" in r.stdout
+
+
+def test_more_than_4_hosts_is_a_one_line_lab_error():
+    r = run("lab", "up", "--hosts", "5")
+    assert r.returncode == 7 and "the lab runs at most 4 hosts on this machine" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args", [("lab", "ssh", "--host", "lab9"), ("lab", "fault", "list", "--host", "nope"),
+                                  ("lab", "fault", "set", "crash-after", "--host", "lab5"),
+                                  ("lab", "fault", "clear", "--host", "x"), ("lab", "down", "--host", "lab7")])
+def test_unknown_lab_host_is_bad_input_naming_the_valid_names(args):
+    r = run(*args)
+    assert r.returncode == 2 and "unknown lab host" in r.stderr and "lab1, lab2, lab3, lab4" in r.stderr, r.stderr
+
+
+def test_up_help_teaches_hosts():
+    r = run("lab", "up", "--help")
+    assert r.returncode == 0 and "--hosts" in r.stdout and "inventories/lab-fleet" in r.stdout
