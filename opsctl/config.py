@@ -249,6 +249,45 @@ class WatchSettings(_Strict):
         return rules
 
 
+_SERIAL_PCT = re.compile(r"(\d+)%")
+
+
+class RolloutPolicy(_Strict):
+    """`opsctl.rollout`: how a deploy across several hosts proceeds (opsctl/flow/rollout.py).
+    Set it once for the fleet (group_vars/all.yml); the selected hosts must agree."""
+
+    canary: int | list[str] = Field(0, description="the first wave, on its own: a host count (the first N selected "
+                                    "hosts) or host names")
+    waves: list[int | str] = Field(default_factory=lambda: [1], description="the rest, in batches written as "
+                                   "Ansible's serial: [1, \"25%\", \"100%\"] (the last size repeats)")
+    max_fail_percentage: float = Field(0, ge=0, le=100, description="the rollout stops once more than this share "
+                                       "of a wave failed its gates (Ansible's max_fail_percentage)")
+    soak_s: int = Field(0, ge=0, le=86400, description="seconds between waves; then every host that took the "
+                        "release must still be active and healthy")
+    on_failure: Literal["rollback_all", "hold"] = Field("rollback_all", description="rollback_all: every host that "
+                                                        "took the release goes back; hold: earlier waves keep it")
+
+    @field_validator("canary")
+    @classmethod
+    def _canary(cls, v: int | list[str]) -> int | list[str]:
+        if isinstance(v, int) and v < 0:
+            raise ValueError("canary is a host count (>= 0) or a list of host names")
+        return v
+
+    @field_validator("waves")
+    @classmethod
+    def _waves(cls, v: list[int | str]) -> list[int | str]:
+        if not v:
+            raise ValueError("waves needs at least one batch size, e.g. [1, \"100%\"]")
+        for item in v:
+            if isinstance(item, int):
+                if item < 1:
+                    raise ValueError(f"wave size {item}: a batch holds at least 1 host")
+            elif not (m := _SERIAL_PCT.fullmatch(item.strip())) or not 0 < float(m.group(1)) <= 100:
+                raise ValueError(f"wave size {item!r}: write a host count (2) or a percentage of the hosts (\"25%\")")
+        return v
+
+
 class HostSettings(_Strict):
     """Everything under `opsctl:` for one host after merging all -> group -> host."""
 
@@ -279,6 +318,7 @@ class HostSettings(_Strict):
     profiles: dict[str, dict[str, Any]] = Field(default_factory=dict, description="per profile: Profile fields")
     gate: GatePolicy = Field(default_factory=GatePolicy)
     watch: WatchSettings = Field(default_factory=WatchSettings)
+    rollout: RolloutPolicy = Field(default_factory=RolloutPolicy)
 
     @field_validator("service_name")
     @classmethod

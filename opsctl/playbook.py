@@ -47,6 +47,7 @@ class PlayResult:
     unreachable: int
     steps: list[PlayStep] = field(default_factory=list)
     duration_s: float = 0.0
+    window: tuple[float, float] | None = None  # epoch seconds of this host's first task start and last task end
 
     @property
     def succeeded(self) -> bool:
@@ -62,57 +63,114 @@ def _ansible_bin_dir() -> str:
 
 def run_playbook(inventory: Inventory, host: HostConfig, playbook: str, extravars: dict[str, Any], *,
                  progress: ProgressFn | None = None, timeout_s: int = 3600) -> PlayResult:
+    """One host: its PlayResult, or HostError naming the failed step (or the lost host)."""
+    results = run_playbook_hosts(inventory, [host], playbook, {host.name: extravars},
+                                 progress={host.name: progress} if progress else None, timeout_s=timeout_s)
+    result = results[host.name]
+    if result.status == "canceled":
+        return result
+    raise_for(result, host)
+    return result
+
+
+def raise_for(result: PlayResult, host: HostConfig) -> None:
+    """HostError for a host the playbook failed on (unreachable, or the first failed step)."""
+    if result.succeeded or result.status == "canceled":
+        return
+    playbook, steps = result.playbook, result.steps
+    bad = next((s for s in steps if s.status in ("failed", "unreachable")), None)
+    if bad and bad.status == "unreachable" or result.unreachable or not _reachable(host):
+        # a connection lost mid-loop surfaces as a failed item ("All items completed"): ask the host
+        raise HostError(f"host {host.name} ({host.ssh.describe()}) became unreachable over SSH"
+                        + (f": {bad.message}" if bad and bad.message else ""),
+                        "check the address/key in the inventory" +
+                        ("; for the lab run 'opsctl lab up'" if not host.ssh.strict_host_keys else ""),
+                        details={"steps": [s.as_dict() for s in steps]})
+    what = f"step '{bad.task}' failed: {bad.message}" if bad else f"ansible status {result.status} rc={result.rc}"
+    raise HostError(f"{playbook} on {host.name}: {what}", "see the step output above; the live release was not touched",
+                    details={"steps": [s.as_dict() for s in steps]})
+
+
+def run_playbook_hosts(inventory: Inventory, hosts: list[HostConfig], playbook: str,
+                       vars_by_host: dict[str, dict[str, Any]], *,
+                       progress: dict[str, ProgressFn | None] | None = None,
+                       timeout_s: int = 3600) -> dict[str, PlayResult]:
+    """One ansible-playbook run over HOSTS (Ansible's forks run them in parallel), each with
+    its own variables. Variables equal on every host go in as extra vars (they win over the
+    inventory's own, so Ansible connects as the rest of opsctl does); the rest go in a
+    generated inventory listed after the real one, as host variables. A PlayResult per host
+    (status "canceled" for all when the brake stopped the run); raises nothing per host."""
     import ansible_runner
 
     pb = PLAYBOOKS_DIR / playbook
     if not pb.is_file():
         raise HostError(f"playbook {pb} is missing", "reinstall opsctl from a full checkout")
+    names = [h.name for h in hosts]
     work = Path(tempfile.mkdtemp(prefix="opsctl-ansible-"))
+    first = hosts[0]
     envvars = {
         "PATH": _ansible_bin_dir() + os.pathsep + os.environ.get("PATH", ""),
         "ANSIBLE_HOME": str(work / "home"),
         "ANSIBLE_LOCAL_TEMP": str(work / "tmp"),
         "ANSIBLE_SSH_CONTROL_PATH_DIR": str(work / "cp"),
-        **host.ssh.ansible_envvars(),  # ssh args and host-key checking (opsctl/host/ssh.py)
+        **first.ssh.ansible_envvars(),  # ssh args and host-key checking (opsctl/host/ssh.py); per host below
         "ANSIBLE_RETRY_FILES_ENABLED": "False",
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_PIPELINING": "True",
-        "ANSIBLE_PYTHON_INTERPRETER": str(host.host_python),  # the inventory says which python the host has
+        "ANSIBLE_PYTHON_INTERPRETER": str(first.host_python),  # the inventory says which python the host has
         "ANSIBLE_TIMEOUT": "10",
+        "ANSIBLE_FORKS": str(max(1, len(hosts))),
     }
-    # the connection variables too: extra vars win over the inventory's, so Ansible connects
-    # as the rest of opsctl does (same key path, same jump host)
-    extravars = {**extravars, **host.ssh.ansible_extravars()}
-    steps: list[PlayStep] = []
+    per_host = {h.name: {**vars_by_host[h.name], **h.ssh.ansible_extravars(),
+                         "ansible_python_interpreter": str(h.host_python),
+                         "ansible_host_key_checking": h.ssh.strict_host_keys} for h in hosts}
+    keys = set.intersection(*(set(v) for v in per_host.values()))
+    common = {k: per_host[names[0]][k] for k in keys
+              if all(per_host[n][k] == per_host[names[0]][k] for n in names)}
+    differing = {n: {k: v for k, v in per_host[n].items() if k not in common} for n in names}
+    inventories: list[str] = [str(inventory.path.resolve())]
+    if any(differing.values()):
+        extra_inv = work / "opsctl-hosts.json"
+        extra_inv.write_text(json.dumps({"all": {"hosts": differing}}, default=str))
+        inventories.append(str(extra_inv))
+    steps: dict[str, list[PlayStep]] = {n: [] for n in names}
     started: dict[str, float] = {}
+    window: dict[str, list[float]] = {}   # host -> [first task start, last task end] (epoch seconds)
 
     def on_event(event: dict) -> bool:
         name = event.get("event", "")
         data = event.get("event_data", {})
         task = data.get("task") or ""
+        host_name = data.get("host") or ""
         if name == "runner_on_start":
-            started[data.get("task_uuid", task)] = time.monotonic()
+            started[f"{data.get('task_uuid', task)}/{host_name}"] = time.monotonic()
+            if host_name in window:
+                window[host_name][1] = time.time()
+            else:
+                window[host_name] = [time.time(), time.time()]
             return True
         status = {"runner_on_ok": "ok", "runner_on_failed": "failed", "runner_on_skipped": "skipped",
                   "runner_on_unreachable": "unreachable"}.get(name)
-        if status is None or task in ("Gathering Facts",):
+        if status is None or task in ("Gathering Facts",) or host_name not in steps:
             return True
+        window.setdefault(host_name, [time.time(), time.time()])[1] = time.time()
         res = data.get("res", {}) or {}
         if status == "ok" and res.get("changed"):
             status = "changed"
         if status == "failed" and data.get("ignore_errors"):
             status = "ok"
-        t0 = started.pop(data.get("task_uuid", task), time.monotonic())
+        t0 = started.pop(f"{data.get('task_uuid', task)}/{host_name}", time.monotonic())
         msg = ""
         if status in ("failed", "unreachable"):
             items = [r for r in res.get("results", []) if isinstance(r, dict) and r.get("failed")]
-            first = items[0] if items else res
-            msg = str(first.get("module_stderr") or first.get("stderr") or first.get("msg") or "")
+            first_bad = items[0] if items else res
+            msg = str(first_bad.get("module_stderr") or first_bad.get("stderr") or first_bad.get("msg") or "")
             msg = " ".join(msg.split())[:400]
         step = PlayStep(task, status, time.monotonic() - t0, msg.strip())
-        steps.append(step)
-        if progress:
-            progress(step)
+        steps[host_name].append(step)
+        fn = (progress or {}).get(host_name)
+        if fn:
+            fn(step)
         return True
 
     t0 = time.monotonic()
@@ -120,22 +178,10 @@ def run_playbook(inventory: Inventory, host: HostConfig, playbook: str, extravar
     # without us): it is held, the runner's cancel callback sees it within 0.25 s and kills
     # ansible-playbook's process group, and the brake raises Interrupted once we are out.
     with BRAKE.held():
-        result = _run(ansible_runner, work, pb, inventory, host, extravars, envvars, on_event, timeout_s, steps, t0)
-        if result is None:
-            return PlayResult(playbook, -1, "canceled", 0, 0, 0, 0, steps, time.monotonic() - t0)
-    if not result.succeeded:
-        bad = next((s for s in steps if s.status in ("failed", "unreachable")), None)
-        if bad and bad.status == "unreachable" or result.unreachable or not _reachable(host):
-            # a connection lost mid-loop surfaces as a failed item ("All items completed"): ask the host
-            raise HostError(f"host {host.name} ({host.ssh.describe()}) became unreachable over SSH"
-                            + (f": {bad.message}" if bad and bad.message else ""),
-                            "check the address/key in the inventory" +
-                            ("; for the lab run 'opsctl lab up'" if not host.ssh.strict_host_keys else ""),
-                            details={"steps": [s.as_dict() for s in steps]})
-        what = f"step '{bad.task}' failed: {bad.message}" if bad else f"ansible status {result.status} rc={result.rc}"
-        raise HostError(f"{playbook} on {host.name}: {what}", "see the step output above; the live release was not touched",
-                        details={"steps": [s.as_dict() for s in steps]})
-    return result
+        results = _run(ansible_runner, work, pb, inventories, names, common, envvars, on_event, timeout_s, steps, t0)
+    for n, r in results.items():
+        r.window = tuple(window[n]) if n in window else None
+    return results
 
 
 def _reachable(host: HostConfig) -> bool:
@@ -164,31 +210,38 @@ def _dies_with_us(work: Path) -> str | None:
     return str(d)
 
 
-def _run(ansible_runner, work: Path, pb: Path, inventory: Inventory, host: HostConfig, extravars: dict,
-         envvars: dict, on_event, timeout_s: int, steps: list[PlayStep], t0: float) -> PlayResult | None:
+def _run(ansible_runner, work: Path, pb: Path, inventories: list[str], names: list[str], extravars: dict,
+         envvars: dict, on_event, timeout_s: int, steps: dict[str, list[PlayStep]],
+         t0: float) -> dict[str, PlayResult]:
     playbook = pb.name
     first = _dies_with_us(work)
     if first:
         envvars = {**envvars, "PATH": first + os.pathsep + envvars["PATH"]}
     try:
         runner = ansible_runner.run(
-            private_data_dir=str(work), playbook=str(pb), inventory=str(inventory.path.resolve()),
-            limit=host.name, extravars=extravars, envvars=envvars, quiet=True, event_handler=on_event,
+            private_data_dir=str(work), playbook=str(pb), inventory=inventories if len(inventories) > 1 else inventories[0],
+            limit=",".join(names), extravars=extravars, envvars=envvars, quiet=True, event_handler=on_event,
             timeout=timeout_s, json_mode=False, cancel_callback=lambda: BRAKE.requested,
             settings={"pexpect_timeout": 0.25},
         )
+        elapsed = time.monotonic() - t0
         if runner.status == "canceled":
-            return None
+            return {n: PlayResult(playbook, -1, "canceled", 0, 0, 0, 0, steps[n], elapsed) for n in names}
         stats = runner.stats or {}
 
-        def count(key: str) -> int:
-            return int(stats.get(key, {}).get(host.name, 0)) if stats else 0
+        def count(key: str, name: str) -> int:
+            return int(stats.get(key, {}).get(name, 0)) if stats else 0
 
-        result = PlayResult(playbook, int(runner.rc), runner.status, count("changed"), count("ok"),
-                            count("failures"), count("dark"), steps, time.monotonic() - t0)
+        results = {}
+        for n in names:
+            rc = int(runner.rc)
+            if len(names) > 1:  # the run's rc covers every host: each host gets its own outcome
+                rc = 1 if count("failures", n) or count("dark", n) or (rc != 0 and not stats) else 0
+            results[n] = PlayResult(playbook, rc, runner.status, count("changed", n), count("ok", n),
+                                    count("failures", n), count("dark", n), steps[n], elapsed)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return result
+    return results
 
 
 def as_json_lines(result: PlayResult) -> str:

@@ -7,6 +7,8 @@ host, so every controller sees the same history.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import getpass
 import hashlib
 import json
@@ -17,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from opsctl.config import HostConfig, Profile
 from opsctl.errors import HostError, LockHeldError
@@ -170,11 +172,25 @@ def _ledger_append_source() -> str:
     return LEDGER_APPEND.read_text()
 
 
+_ROLLOUT: contextvars.ContextVar[str | None] = contextvars.ContextVar("opsctl_rollout", default=None)
+
+
+@contextlib.contextmanager
+def ledger_rollout(rollout_id: str | None) -> Iterator[None]:
+    """Every ledger record written inside names the rollout it belongs to."""
+    token = _ROLLOUT.set(rollout_id)
+    try:
+        yield
+    finally:
+        _ROLLOUT.reset(token)
+
+
 def append_ledger(conn: Connection, host: HostConfig, record: dict[str, Any]) -> dict:
     """One record, appended by the host-side appender (playbooks/files/opsctl-ledger-append,
     sent inline so it works before the first playbook ran): one write under an flock,
     fsynced, a torn last line moved aside first."""
-    rec = {"ts": now_iso(), "host": host.name, "who": who(), **record}
+    rollout = _ROLLOUT.get()
+    rec = {"ts": now_iso(), "host": host.name, "who": who(), **({"rollout": rollout} if rollout else {}), **record}
     line = json.dumps(rec, sort_keys=False, default=str)
     res = conn.run(f"{host.host_python} -c {shlex.quote(_ledger_append_source())} "
                    f"{shlex.quote(str(host.install_root / 'ledger.jsonl'))}", stdin=line + "\n", check=False)

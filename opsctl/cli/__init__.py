@@ -77,7 +77,7 @@ def main() -> None:
     try:
         app(prog_name="opsctl", standalone_mode=False)
     except OpsctlError as exc:
-        if _output.STATE.json and not _output.STATE.emitted:
+        if _output.STATE.json and (not _output.STATE.emitted or _output.STATE.stream):
             print(json.dumps({"ok": False, **exc.as_dict()}), file=sys.stdout)
         _output.error(exc.one_line())
         sys.exit(exc.exit_code)

@@ -22,6 +22,7 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True, width=_width
 class _State:
     json: bool = False
     emitted: bool = False  # a JSON document already went to stdout
+    stream: bool = False   # stdout is a stream of JSON event lines: an error ends it with its own line
 
 
 STATE = _State()

@@ -24,6 +24,7 @@ class _StepPrinter:
     def __call__(self, ev: dict) -> None:
         if self.json_mode:
             ev = {k: v for k, v in ev.items() if k != "plan"}
+            _output.STATE.stream = True
             _output.emit_json(ev)
             return
         kind = ev.get("event")
@@ -38,6 +39,12 @@ class _StepPrinter:
                          + (f" {ev['message']}" if ev.get("message") else ""))
         elif kind == "note":
             _output.info(f"[{ev['host']}]   {ev['message']}")
+        elif kind == "rollout":
+            pol = ev.get("policy") or {}
+            _output.info(f"rollout {ev['rollout']}: " + "; ".join(f"{w['name']}: {', '.join(w['hosts'])}"
+                                                               for w in ev.get("waves", []))
+                         + f" (max_fail_percentage {pol.get('max_fail_percentage', 0):g} %, soak "
+                           f"{pol.get('soak_s', 0)}s, on_failure {pol.get('on_failure')})")
         elif kind == "verdict":
             _print_verdict(ev)
         elif kind == "findings":
@@ -100,7 +107,13 @@ def register(app: typer.Typer) -> None:
         """Deploy PROFILE as a new release: plan, stage, switch, wait until ready, validate the
         CUDA graphs, benchmark against the baseline, then promote or roll back automatically.
 
-        Hosts of the inventory are done one by one; the first failure stops the run.
+        Several hosts go in the inventory's rollout waves (opsctl.rollout: canary host(s),
+        then batches written as Ansible's serial, e.g. [1, "25%", "100%"]); by default one
+        host after another. Each wave is staged in one ansible run, then switched and judged
+        host by host. A wave past max_fail_percentage (default 0) stops the rollout; then
+        every host that took the release goes back (on_failure: rollback_all, the default)
+        or keeps it (hold). Every host is planned before any changes: an unreachable host
+        stops the rollout with nothing changed (exit 3).
         Running the same deploy twice changes nothing the second time — unless the release
         is live but was never judged (its deploy was interrupted or killed): then it is
         restarted and judged again, never reported unchanged.
@@ -141,9 +154,12 @@ def register(app: typer.Typer) -> None:
         for o in outcomes:
             if o.result == "dry-run":
                 _print_plan(o.plan)
+                if o.details.get("wave"):
+                    _output.info(f"  rollout wave: {o.details['wave']}")
                 _output.info("dry run: nothing was changed")
             else:
-                _output.info(f"[{o.host}] {o.result}: {o.release}")
+                wave = f" ({o.details['wave']} of rollout {o.details['rollout']})" if o.details.get("rollout") else ""
+                _output.info(f"[{o.host}] {o.result}: {o.release}{wave}")
 
     @app.command("rollback")
     def rollback_cmd(
@@ -183,13 +199,15 @@ def register(app: typer.Typer) -> None:
         if json_out:
             _output.emit_json(rows)
             return
+        fleet = any(r.get("rollout") for r in rows)
         _output.table("status", ["host", "release", "profile", "budget", "service", "since", "restarts", "verdict",
-                                 "watch"],
+                                 "watch", *(["rollout"] if fleet else [])],
                       [[r["host"], r["release"] or "-", r["profile"] or "-",
                         r.get("budget_schedule") or r["budget"] or "-", f"{r['service']}/{r['sub_state']}", r["since"] or "-", r["restarts"],
                         (r["last_verdict"] or {}).get("status") or ("never judged" if r.get("judged") is False
                                                                      else "-"),
-                        _watch_cell(r.get("watch") or {})] for r in rows])
+                        _watch_cell(r.get("watch") or {}), *([r.get("rollout") or "-"] if fleet else [])]
+                       for r in rows])
         for r in rows:
             u = r.get("unfinished_deploy")
             if u:
@@ -212,22 +230,38 @@ def register(app: typer.Typer) -> None:
 
     @app.command("history")
     def history_cmd(inventory: Optional[Path] = _common.InventoryOpt, limit: Optional[str] = _common.LimitOpt,
-                    last: Optional[int] = typer.Option(None, "--last", "-n", help="Only the last N records."),
+                    last: Optional[int] = typer.Option(None, "--last", "-n", help="Only the last N records (of each host)."),
+                    rollout: Optional[str] = typer.Option(None, "--rollout", help="Only the records of this rollout "
+                                                          "id (as 'opsctl status' and a fleet deploy print it)."),
                     json_out: bool = _common.JsonOpt) -> None:
-        """Print the host's ledger: every deploy, rollback and gate verdict, with who, when, from, to and why.
+        """Print each host's ledger: every deploy, rollback and gate verdict, with who, when, from, to
+        and why; one table per host, with the rollout a record belonged to.
 
-        Example: opsctl history -i inventories/lab --last 10
+        Examples:
+
+          opsctl history -i inventories/lab --last 10
+
+          opsctl history -i inventories/lab-fleet --rollout r20261201T190000Z-1a2b
         """
         _output.set_json(json_out)
         problems: list[str] = []
-        recs = history(_common.inventory(inventory), limit=limit, last=last, problems=problems)
+        recs = history(_common.inventory(inventory), limit=limit, last=last, problems=problems, rollout=rollout)
         for p in problems:
             _output.error(p)
         if json_out:
             for r in recs:
                 _output.emit_json(r)
             return
-        _output.table("history", ["when", "host", "action", "result", "from", "to", "who", "why"],
-                      [[r.get("ts"), r.get("host"), r.get("action"), r.get("result") or r.get("status"),
-                        r.get("from_release") or "-", r.get("to_release") or r.get("release") or "-",
-                        r.get("who"), (r.get("reason") or "")[:80]] for r in recs])
+        by_host: dict[str, list[dict]] = {}
+        for r in recs:
+            by_host.setdefault(str(r.get("host")), []).append(r)
+        fleet = any(r.get("rollout") for r in recs)
+        for host_name, host_recs in by_host.items():
+            _output.table(f"history: {host_name}", ["when", "action", "result", "from", "to", "who", "why",
+                                                    *(["rollout"] if fleet else [])],
+                          [[r.get("ts"), r.get("action"), r.get("result") or r.get("status"),
+                            r.get("from_release") or "-", r.get("to_release") or r.get("release") or "-",
+                            r.get("who"), (r.get("reason") or "")[:80], *([r.get("rollout") or "-"] if fleet else [])]
+                           for r in host_recs])
+        if not recs:
+            _output.info("no ledger records" + (f" of rollout {rollout}" if rollout else ""))

@@ -11,25 +11,28 @@ mid-gate cannot leave an unjudged release serving.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from opsctl.brake import BRAKE, Interrupted
-from opsctl.config import HostConfig, Inventory, Profile
+from opsctl.config import HostConfig, Inventory, Profile, RolloutPolicy
 from opsctl.errors import ConfigError, DeployFailed, OpsctlError
 from opsctl.flow.bench import require_baseline
 from opsctl.flow.checks import run_post_checks, run_pre_checks
 from opsctl.flow.judge import bench_and_judge
 from opsctl.flow.plan import Plan, make_plan
-from opsctl.flow.promote import fallback_release, prune, roll_back_after_failure
+from opsctl.flow.promote import _rollback_one, fallback_release, prune, roll_back_after_failure
 from opsctl.flow.ready import crash_cause, wait_ready, with_start_diagnosis
-from opsctl.flow.stage import stage
+from opsctl.flow.rollout import Wave, new_rollout_id, plan_waves, rollout_policy, sleep_soak, wave_failed
+from opsctl.flow.stage import stage_wave
 from opsctl.flow.steps import Progress, Steps, as_inventory, noop
 from opsctl.flow.switch import arm_guard, disarm_guard, switch
 from opsctl.flow.validate import validate_release
+from opsctl.host import facts
 from opsctl.host.connection import Connection, connect
-from opsctl.releases import HostLock, append_ledger
+from opsctl.releases import HostLock, append_ledger, ledger_rollout
 
 # --------------------------------------------------------------------------- deploy
 
@@ -46,11 +49,30 @@ class DeployOutcome:
         return {"host": self.host, "release": self.release, "result": self.result, "plan": self.plan, **self.details}
 
 
+@dataclass
+class _HostRun:
+    """One host of a deploy, from preflight to its outcome."""
+
+    host: HostConfig
+    profile: Profile
+    steps: Steps
+    conn: Connection | None = None
+    plan: Plan | None = None
+    wave: str | None = None
+    outcome: DeployOutcome | None = None
+    error: OpsctlError | None = None
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+
 def deploy(inventory: str | Path | Inventory, profile_name: str, budget: int | None = None, *,
            budget_schedule: str | None = None, limit: str | None = None, dry_run: bool = False, gates: bool = True, pre_checks: bool = True,
            progress: Progress | None = None, confirm: Callable[[Plan], bool] | None = None,
            verify_weights: bool = False) -> list[DeployOutcome]:
-    """Deploy PROFILE to each selected host, host by host, stopping at the first failure."""
+    """Deploy PROFILE to the selected hosts in the inventory's rollout waves (`opsctl.rollout`;
+    by default one host after another), stopping at the first failed wave."""
     inv = as_inventory(inventory)
     hosts = inv.select(limit)
     profiles = {h.name: h.profile(profile_name, budget, budget_schedule) for h in hosts}  # all bad input before any host I/O
@@ -59,53 +81,284 @@ def deploy(inventory: str | Path | Inventory, profile_name: str, budget: int | N
 
         for h in hosts:  # a malformed workload file is bad input: found before anything is deployed
             WorkloadSet.load(h.gate_policy().workloads)
-    outcomes = []
+    policy = rollout_policy(hosts)
+    waves = plan_waves(hosts, policy)
     with BRAKE.engaged(on_note=lambda m: (progress or noop)({"event": "note", "host": "opsctl", "message": m})):
-        for host in hosts:
-            outcomes.append(deploy_one(inv, host, profiles[host.name], dry_run=dry_run, gates=gates,
-                                        pre_checks=pre_checks, progress=progress, confirm=confirm,
-                                        verify_weights=verify_weights))
-    return outcomes
+        return _deploy_hosts(inv, hosts, profiles, waves, policy, dry_run=dry_run, gates=gates, pre_checks=pre_checks,
+                             progress=progress, confirm=confirm, verify_weights=verify_weights)
 
 
 def deploy_one(inv: Inventory, host: HostConfig, profile: Profile, *, dry_run: bool, gates: bool, pre_checks: bool,
                 progress: Progress | None, confirm: Callable[[Plan], bool] | None,
                 verify_weights: bool = False, trial: Callable | None = None) -> DeployOutcome:
-    steps = Steps(progress, host.name)
-    conn = connect(host)
+    """One host, one wave (what `opsctl tune` runs for each trial)."""
+    return _deploy_hosts(inv, [host], {host.name: profile}, [Wave(0, "wave 1", (host.name,))], RolloutPolicy(),
+                         dry_run=dry_run, gates=gates, pre_checks=pre_checks, progress=progress, confirm=confirm,
+                         verify_weights=verify_weights, trial=trial)[0]
+
+
+def _deploy_hosts(inv: Inventory, hosts: list[HostConfig], profiles: dict[str, Profile], waves: list[Wave],
+                  policy: RolloutPolicy, *, dry_run: bool, gates: bool, pre_checks: bool,
+                  progress: Progress | None, confirm: Callable[[Plan], bool] | None,
+                  verify_weights: bool = False, trial: Callable | None = None) -> list[DeployOutcome]:
+    runs = {h.name: _HostRun(h, profiles[h.name], Steps(progress, h.name)) for h in hosts}
+    fleet = len(hosts) > 1
+    rollout_id = new_rollout_id() if fleet else None
+    for w in waves:
+        for n in w.hosts:
+            runs[n].wave = w.name
     try:
-        t0 = steps.start("plan", f"{profile.label} on {host.name}")
-        plan = make_plan(conn, host, profile, verify_weights=verify_weights)
-        if gates and profile.speculative and not dry_run:
-
-            require_baseline(conn, host)
-        steps.done("plan", t0, f"release {plan.release}", plan=plan.as_dict())
-        if dry_run:
-            return DeployOutcome(host.name, plan.release, "dry-run", plan.as_dict())
-        if pre_checks:
-
-            t0 = steps.start("pre-checks", "host checks before touching the host")
-            run_pre_checks(inv, host, steps, t0)
-        if confirm is not None and not confirm(plan):
-            raise ConfigError("deploy not confirmed", "re-run with --yes to skip the question")
-        with HostLock(conn, host, f"deploy {profile.label}"):
-            # the state may have moved while we planned; plan again under the lock
-            plan = make_plan(conn, host, profile, verify_weights=verify_weights)
+        with ledger_rollout(rollout_id):
+            current = next(iter(runs.values()))
             try:
-                return _apply(conn, inv, host, profile, plan, steps, gates, checks=pre_checks and trial is None,
-                              trial=trial)
+                # every host is read and planned before any host changes: an unreachable host,
+                # a missing baseline or a full disk stops the rollout with nothing changed
+                for current in runs.values():
+                    current.conn = connect(current.host)
+                    t0 = current.steps.start("plan", f"{current.profile.label} on {current.name}")
+                    current.plan = make_plan(current.conn, current.host, current.profile,
+                                             verify_weights=verify_weights)
+                    if gates and current.profile.speculative and not dry_run:
+                        require_baseline(current.conn, current.host)
+                    current.steps.done("plan", t0, f"release {current.plan.release}", plan=current.plan.as_dict())
+                if dry_run:
+                    return [DeployOutcome(r.name, r.plan.release, "dry-run", r.plan.as_dict(),
+                                          {"wave": r.wave} if fleet else {}) for r in runs.values()]
+                if fleet:
+                    (progress or noop)({"event": "rollout", "host": "opsctl", "rollout": rollout_id,
+                                        "waves": [w.as_dict() for w in waves],
+                                        "policy": policy.model_dump(mode="json")})
+                if pre_checks:
+                    for current in runs.values():
+                        t0 = current.steps.start("pre-checks", "host checks before touching the host")
+                        run_pre_checks(inv, current.host, current.steps, t0)
+                if confirm is not None:
+                    for current in runs.values():
+                        if not confirm(current.plan):
+                            raise ConfigError("deploy not confirmed", "re-run with --yes to skip the question")
+            except Interrupted as exc:
+                raise _before_any_change(exc, current, list(runs)) from None
+            return _roll_out(inv, runs, waves, policy, rollout_id, gates=gates,
+                             checks=pre_checks and trial is None, verify_weights=verify_weights,
+                             progress=progress, trial=trial)
+    finally:
+        for run in runs.values():
+            if run.conn is not None:
+                run.conn.close()
+
+
+def _roll_out(inv: Inventory, runs: dict[str, _HostRun], waves: list[Wave], policy: RolloutPolicy,
+              rollout_id: str | None, *, gates: bool, checks: bool, verify_weights: bool,
+              progress: Progress | None, trial: Callable | None) -> list[DeployOutcome]:
+    fleet = len(runs) > 1
+    note = (lambda m: (progress or noop)({"event": "note", "host": "opsctl", "message": m}))
+    took: list[_HostRun] = []     # promoted in this rollout: what rollback_all puts back
+    failed: list[_HostRun] = []
+    for i, wave in enumerate(waves):
+        if i > 0 and policy.soak_s and took:
+            try:
+                sleep_soak(policy.soak_s, note)
+            except Interrupted as exc:
+                raise _interrupted_rollout(exc, runs, took, policy, rollout_id, note) from None
+            sick = _soak_check(took)
+            if sick:
+                for run, why in sick:
+                    run.error = DeployFailed(f"{run.name}: unhealthy after the {policy.soak_s}s soak: {why}",
+                                             "see 'opsctl status' and the service's journal")
+                    took.remove(run)
+                    failed.append(run)
+                    with BRAKE.shielded(f"rolling {run.name} back"):
+                        back = _put_back(run, f"rollout {rollout_id}: unhealthy after the soak: {why}", note)
+                    run.error = DeployFailed(f"{run.error.problem} (rolled back: {back})", run.error.fix)
+                _stop(runs, waves, f"the soak after {waves[i - 1].name}", [n for w in waves[i:] for n in w.hosts],
+                      took, failed, policy, rollout_id, note)
+        wave_runs = [runs[n] for n in wave.hosts]
+        if fleet:
+            note(f"{wave.name}: {', '.join(wave.hosts)}")
+        try:
+            wave_failures = _run_wave(inv, wave_runs, policy, rollout_id, gates=gates, checks=checks,
+                                      verify_weights=verify_weights, trial=trial)
+        except Interrupted as exc:
+            took += [r for r in wave_runs if r.outcome is not None and r.outcome.result == "promoted"]
+            if not fleet:
+                raise
+            raise _interrupted_rollout(exc, runs, took, policy, rollout_id, note) from None
+        took += [r for r in wave_runs if r.outcome is not None and r.outcome.result == "promoted"]
+        failed += wave_failures
+        if not fleet and wave_failures:
+            raise wave_failures[0].error  # one host: its own error, as it was raised
+        if wave_failures and wave_failed(len(wave_failures), len(wave_runs), policy):
+            _stop(runs, waves, wave.name, [n for w in waves[i + 1:] for n in w.hosts], took, failed, policy,
+                  rollout_id, note)
+    if failed:  # within max_fail_percentage: the rollout went on, and says who failed
+        lines = "; ".join(r.error.problem for r in failed if r.error)
+        raise DeployFailed(f"rollout {rollout_id} reached every wave, but {len(failed)} host(s) failed and were rolled "
+                           f"back (within max_fail_percentage {policy.max_fail_percentage:g} %): {lines}",
+                           "see 'opsctl status' and 'opsctl history'",
+                           details=_rollout_details(runs, waves, policy, rollout_id, "completed-with-failures"))
+    outcomes = [r.outcome for w in waves for r in (runs[n] for n in w.hosts) if r.outcome is not None]
+    for o in outcomes:
+        if fleet:
+            o.details.update({"rollout": rollout_id, "wave": runs[o.host].wave})
+    return outcomes
+
+
+def _run_wave(inv: Inventory, runs: list[_HostRun], policy: RolloutPolicy, rollout_id: str | None, *,
+              gates: bool, checks: bool, verify_weights: bool, trial: Callable | None) -> list[_HostRun]:
+    """Lock, re-plan, stage together, then switch and judge host by host. Returns the failed hosts."""
+    fleet_wave = len(runs) > 1
+    failures: list[_HostRun] = []
+    with contextlib.ExitStack() as locks:
+        staging: list[_HostRun] = []
+        for run in runs:
+            try:
+                locks.enter_context(HostLock(run.conn, run.host, f"deploy {run.profile.label}"
+                                             + (f" (rollout {rollout_id})" if rollout_id else "")))
+                # the state may have moved while we planned; plan again under the lock
+                run.plan = make_plan(run.conn, run.host, run.profile, verify_weights=verify_weights)
+            except Interrupted as exc:
+                if not staging:  # no host of this wave was touched yet
+                    raise _before_any_change(exc, run, [r.name for r in runs]) from None
+                raise
+            except OpsctlError as exc:
+                if not rollout_id:
+                    raise
+                run.error = exc
+                failures.append(run)
+                continue
+            staging.append(run)
+        if not staging:
+            return failures
+        try:
+            staged = stage_wave(inv, [(r.conn, r.plan, r.steps) for r in staging])
+        except Interrupted as exc:
+            records = [_interrupted_before_switch(r.conn, r.host, r.plan, r.steps, exc) for r in staging]
+            if not fleet_wave:
+                raise records[0] from None
+            raise Interrupted(f"{exc.problem} while staging {', '.join(r.name for r in staging)}, before any switch: "
+                              "nothing live changed on them", "run the same deploy again to finish it",
+                              signal_name=exc.signal_name,
+                              details={"step": "prepare", "switched": False}) from None
+        for run in staging:
+            play, sync, error = staged[run.name]
+            if error is not None:
+                run.error = error
+                failures.append(run)
+        for run in staging:
+            if run.error is not None:
+                continue
+            if failures and wave_failed(len(failures), len(runs), policy):
+                break  # past the wave's failure limit: no further host of it is switched
+            play, sync, _ = staged[run.name]
+            try:
+                run.outcome = _apply(run.conn, inv, run.host, run.profile, run.plan, run.steps, gates,
+                                     checks=checks, trial=trial, staged=(play, sync))
             except Interrupted as exc:
                 if exc.details.get("switched"):
                     raise
-                raise _interrupted_before_switch(conn, host, plan, steps, exc) from None
-    except Interrupted as exc:
-        if "step" not in exc.details:  # before the lock: nothing on the host was touched
-            raise Interrupted(f"{exc.problem} during {steps.current}, before anything on {host.name} changed: "
-                              f"it still serves what it served", "nothing to undo",
-                              signal_name=exc.signal_name, details={"step": steps.current, "switched": False}) from None
-        raise
-    finally:
-        conn.close()
+                raise _interrupted_before_switch(run.conn, run.host, run.plan, run.steps, exc) from None
+            except OpsctlError as exc:
+                run.error = exc
+                failures.append(run)
+    return failures
+
+
+def _before_any_change(exc: Interrupted, run: _HostRun, hosts: list[str]) -> Interrupted:
+    """Interrupted before HOSTS (the step's host, or every host of a wave) changed."""
+    where = run.name if hosts == [run.name] else ", ".join(hosts)
+    serving = "it still serves what it served" if hosts == [run.name] else "they still serve what they served"
+    return Interrupted(f"{exc.problem} during {run.steps.current}, before anything on {where} changed: {serving}",
+                       "nothing to undo", signal_name=exc.signal_name,
+                       details={"step": run.steps.current, "switched": False})
+
+
+def _soak_check(took: list[_HostRun]) -> list[tuple[_HostRun, str]]:
+    """Hosts that took the release and are no longer active and healthy."""
+    sick = []
+    for run in took:
+        conn = connect(run.host)  # a fresh channel: the wave's may have idled through the soak
+        try:
+            state, code = facts.gather(conn, facts.ServiceState(run.host.unit_name),
+                                       facts.HealthCode(str(run.host.host_python), run.host.http_port), timeout=30)
+        except OpsctlError as exc:
+            sick.append((run, exc.problem))
+            continue
+        finally:
+            conn.close()
+        active = state.get("ActiveState")
+        if active != "active" or code != 200:
+            sick.append((run, f"service {active or 'unknown'}, /health answered {code or 'nothing'}"))
+    return sick
+
+
+def _put_back(run: _HostRun, reason: str, note: Callable[[str], None]) -> str:
+    """Roll one host that took the release back to what it went back to on failure."""
+    target = fallback_release(run.plan.state, run.host, exclude=run.plan.release) if run.plan else None
+    if not target:
+        note(f"{run.name}: nothing served before this rollout: it keeps {run.plan.release if run.plan else '?'}")
+        return f"{run.name} keeps {run.plan.release if run.plan else '?'} (nothing to go back to)"
+    try:
+        _rollback_one(run.host, target, reason, None)
+    except OpsctlError as exc:
+        note(f"{run.name}: rollback to {target} failed: {exc.problem}")
+        return f"{run.name}: rollback to {target} FAILED: {exc.problem}"
+    if run.outcome is not None:
+        run.outcome.result = "rolled-back"
+        run.outcome.details["rolled_back_to"] = target
+    return f"{run.name} -> {target}"
+
+
+def _undo_took(took: list[_HostRun], policy: RolloutPolicy, rollout_id: str | None, why: str,
+               note: Callable[[str], None]) -> str:
+    if not took:
+        return "no other host had taken the release"
+    if policy.on_failure == "hold":
+        return (f"on_failure: hold: {', '.join(r.name for r in took)} keep{'s' if len(took) == 1 else ''} "
+                f"the new release")
+    done = []
+    with BRAKE.shielded("rolling back every host that took the release"):
+        for run in reversed(took):
+            note(f"{run.name}: rolling back (on_failure: rollback_all)")
+            done.append(_put_back(run, f"rollout {rollout_id}: {why}", note))
+    return "rolled back (on_failure: rollback_all): " + ", ".join(done)
+
+
+def _stop(runs: dict[str, _HostRun], waves: list[Wave], where: str, later: list[str], took: list[_HostRun],
+          failed: list[_HostRun], policy: RolloutPolicy, rollout_id: str | None, note: Callable[[str], None]) -> None:
+    first = failed[0]
+    why = f"{first.name} failed in {first.wave}"
+    back = _undo_took(took, policy, rollout_id, why, note)
+    failures = "; ".join(r.error.problem for r in failed if r.error)
+    raise DeployFailed(f"rollout {rollout_id} stopped in {where}: {failures}; {back}"
+                       + (f"; not reached: {', '.join(later)}" if later else ""),
+                       "see 'opsctl status' and 'opsctl history'; fix the cause and deploy again",
+                       details=_rollout_details(runs, waves, policy, rollout_id, "stopped"))
+
+
+def _interrupted_rollout(exc: Interrupted, runs: dict[str, _HostRun], took: list[_HostRun], policy: RolloutPolicy,
+                         rollout_id: str | None, note: Callable[[str], None]) -> Interrupted:
+    back = _undo_took(took, policy, rollout_id, f"interrupted ({exc.signal_name})", note)
+    return Interrupted(f"rollout {rollout_id}: {exc.problem}; {back}",
+                       "'opsctl status' shows what each host serves; deploy again when ready",
+                       signal_name=exc.signal_name,
+                       details={**exc.details, "rollout": rollout_id,
+                                "hosts": {n: _host_summary(r) for n, r in runs.items()}})
+
+
+def _host_summary(run: _HostRun) -> dict:
+    out: dict = {"wave": run.wave, "release": run.plan.release if run.plan else None,
+                 "result": run.outcome.result if run.outcome else ("failed" if run.error else "not-reached")}
+    if run.error is not None:
+        out["error"] = run.error.problem
+    if run.outcome is not None and run.outcome.details.get("rolled_back_to"):
+        out["rolled_back_to"] = run.outcome.details["rolled_back_to"]
+    return out
+
+
+def _rollout_details(runs: dict[str, _HostRun], waves: list[Wave], policy: RolloutPolicy, rollout_id: str | None,
+                     result: str) -> dict:
+    return {"rollout": rollout_id, "result": result, "policy": policy.model_dump(mode="json"),
+            "waves": [w.as_dict() for w in waves], "hosts": {n: _host_summary(r) for n, r in runs.items()}}
 
 
 def _interrupted_before_switch(conn: Connection, host: HostConfig, plan: Plan, steps: Steps,
@@ -134,8 +387,8 @@ def _interrupted_before_switch(conn: Connection, host: HostConfig, plan: Plan, s
 
 
 def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile, plan: Plan, steps: Steps,
-           gates: bool, *, checks: bool = True, trial: Callable | None = None) -> DeployOutcome:
-    play, sync = stage(conn, inv, plan, steps)
+           gates: bool, *, staged: tuple, checks: bool = True, trial: Callable | None = None) -> DeployOutcome:
+    play, sync = staged
     details = {"ansible_changed": play.changed, "drafter_bytes_sent": sync.bytes_sent if sync else 0}
     if plan.is_live and plan.state.judged(plan.release) and trial is None:
         append_ledger(conn, host, {"action": "deploy", "result": "unchanged", "from_release": plan.release,

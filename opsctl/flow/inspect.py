@@ -45,14 +45,24 @@ def status(inventory: str | Path | Inventory, *, limit: str | None = None) -> li
             "ledger_problems": state.ledger_errors,
             "releases": sorted(state.releases), "baseline": state.baseline(host.baseline_profile),
             "watch": watch_state,
+            "rollout": _live_rollout(state),
         })
     return out
 
 
+def _live_rollout(state) -> str | None:
+    """The rollout that put the live release in place (None for a single-host deploy)."""
+    for rec in reversed(state.ledger):
+        if rec.get("to_release") == state.current and rec.get("action") in ("promote", "rollback", "deploy"):
+            return rec.get("rollout")
+    return None
+
+
 def history(inventory: str | Path | Inventory, *, limit: str | None = None, last: int | None = None,
-            problems: list[str] | None = None) -> list[dict]:
-    """The ledger records of each selected host (the last N of each); lines that are not
-    records are skipped and, when `problems` is given, reported there with their line."""
+            problems: list[str] | None = None, rollout: str | None = None) -> list[dict]:
+    """The ledger records of each selected host (the last N of each; with `rollout`, only
+    that rollout's); lines that are not records are skipped and, when `problems` is given,
+    reported there with their line."""
     if last is not None and last < 1:
         raise ConfigError(f"--last {last}: the number of records must be at least 1", "e.g. --last 10, or leave it out for all")
     inv = as_inventory(inventory)
@@ -63,7 +73,8 @@ def history(inventory: str | Path | Inventory, *, limit: str | None = None, last
             state = read_state(conn, host)
         finally:
             conn.close()
-        recs = state.ledger[-last:] if last else state.ledger
+        recs = [r for r in state.ledger if r.get("rollout") == rollout] if rollout else list(state.ledger)
+        recs = recs[-last:] if last else recs
         out.extend(recs)
         if problems is not None:
             problems.extend(f"{host.name}: ledger {p} (skipped)" for p in state.ledger_errors)

@@ -1,5 +1,6 @@
 """stage: ship the wheelhouse and the drafter, then the prepare playbook builds the release
-under releases/.staging-<id> and renames it into place. Nothing live changes."""
+under releases/.staging-<id> and renames it into place, on one host or a whole wave at once.
+Nothing live changes."""
 from __future__ import annotations
 
 import json
@@ -13,11 +14,69 @@ from opsctl.config import Inventory
 from opsctl.flow.plan import Plan
 from opsctl.flow.steps import Steps
 from opsctl.host.connection import Connection
-from opsctl.playbook import PlayResult, run_playbook
+from opsctl.errors import HostError
+from opsctl.playbook import PlayResult, raise_for, run_playbook_hosts
 from opsctl.render import env_python
 
 
 def stage(conn: Connection, inv: Inventory, plan: Plan, steps: Steps) -> tuple[PlayResult, SyncResult | None]:
+    """One host: ship, then the prepare playbook; HostError when it fails."""
+    staged = stage_wave(inv, [(conn, plan, steps)])
+    play, sync, error = staged[plan.host.name]
+    if error is not None:
+        raise error
+    return play, sync
+
+
+def stage_wave(inv: Inventory, items: list[tuple[Connection, Plan, Steps]]
+               ) -> dict[str, tuple[PlayResult | None, SyncResult | None, HostError | None]]:
+    """Stage a wave: each host's wheelhouse and drafter by content (rsync over its own SSH),
+    then ONE prepare playbook run over every host of the wave (Ansible's forks stage them in
+    parallel), each host with its own release variables. Per host: (play, drafter sync, the
+    HostError that stopped its staging, or None)."""
+    out: dict[str, tuple[PlayResult | None, SyncResult | None, HostError | None]] = {}
+    variables: dict[str, dict] = {}
+    ready: list[tuple[Connection, Plan, Steps]] = []
+    with tempfile.TemporaryDirectory(prefix="opsctl-stage-") as tmp:
+        for conn, plan, steps in items:
+            try:
+                sync, env_wheelhouse = _ship(conn, plan, steps)
+            except HostError as exc:
+                if len(items) == 1:
+                    raise
+                out[plan.host.name] = (None, None, exc)
+                continue
+            variables[plan.host.name] = _release_vars(plan, Path(tmp) / plan.host.name, env_wheelhouse)
+            out[plan.host.name] = (None, sync, None)
+            ready.append((conn, plan, steps))
+        if not ready:
+            return out
+        hosts = [plan.host for _, plan, _ in ready]
+        t0 = {}
+        for _, plan, steps in ready:
+            t0[plan.host.name] = steps.start("prepare", "ansible playbook prepare.yml"
+                                             + (f" (with {len(ready) - 1} more host(s) of this wave)"
+                                                if len(ready) > 1 else ""))
+        plays = run_playbook_hosts(inv, hosts, "prepare.yml", variables,
+                                   progress={plan.host.name: steps.task for _, plan, steps in ready})
+        for _, plan, steps in ready:
+            name = plan.host.name
+            play = plays[name]
+            try:
+                raise_for(play, plan.host)
+            except HostError as exc:
+                if len(items) == 1:
+                    raise
+                steps.done("prepare", t0[name], exc.problem, status="fail")
+                out[name] = (play, out[name][1], exc)
+                continue
+            window = ({"started_at": play.window[0], "ended_at": play.window[1]} if play.window else {})
+            steps.done("prepare", t0[name], f"changed={play.changed} ok={play.ok}", changed=play.changed, **window)
+            out[name] = (play, out[name][1], None)
+    return out
+
+
+def _ship(conn: Connection, plan: Plan, steps: Steps) -> tuple[SyncResult | None, str]:
     host = plan.host
     sync = None
     env_wheelhouse = ""
@@ -33,29 +92,29 @@ def stage(conn: Connection, inv: Inventory, plan: Plan, steps: Steps) -> tuple[P
                             full_verify=plan.verify_weights)
         steps.done("drafter", t0, f"{sync.bytes_sent} bytes sent, {sync.files_sent} file(s) sent, "
                    f"{sync.files_linked} reused", bytes_sent=sync.bytes_sent)
-    with tempfile.TemporaryDirectory(prefix="opsctl-stage-") as tmp:
-        stage_dir = Path(tmp) / "release"
-        stage_dir.mkdir()
-        for name, text in plan.rendered.release_files.items():
-            (stage_dir / name).write_text(text)
-        existing = plan.state.releases.get(plan.release)
-        manifest = existing.manifest if existing else plan.manifest()
-        (stage_dir / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-        s = host.settings
-        extravars = {
-            "opsctl_root": str(host.install_root), "opsctl_release_id": plan.release,
-            "opsctl_stage_local": str(stage_dir), "opsctl_env_dir": str(env_python(host).parent.parent),
-            "opsctl_sglang_version": host.runtime.sglang_version,
-            "opsctl_wheelhouse_dir": env_wheelhouse, "opsctl_base_requirements": list(host.runtime.base_requirements),
-            "opsctl_host_python": str(host.host_python), "opsctl_service_user": s.service_user or "",
-            "opsctl_runtime_wheel": str(plan.runtime_wheel) if plan.runtime_wheel else "",
-            "opsctl_drafter_digest": plan.drafter.digest if plan.drafter else "",
-            "opsctl_loadgen_src": str(LOADGEN_PATH),
-            "opsctl_secrets_file": str(s.secrets_file) if s.secrets_file else "",
-            **watch.playbook_vars(host),   # the host-side watch: installed (or removed) with every stage
-        }
-        t0 = steps.start("prepare", "ansible playbook prepare.yml")
-        play = run_playbook(inv, host, "prepare.yml", extravars, progress=steps.task)
-        steps.done("prepare", t0, f"changed={play.changed} ok={play.ok}", changed=play.changed)
-    return play, sync
+    return sync, env_wheelhouse
 
+
+def _release_vars(plan: Plan, stage_dir: Path, env_wheelhouse: str) -> dict:
+    """The prepare playbook's variables for one host: its rendered release files, written
+    under STAGE_DIR on the controller, and where things go on the host."""
+    host = plan.host
+    stage_dir.mkdir(parents=True)
+    for name, text in plan.rendered.release_files.items():
+        (stage_dir / name).write_text(text)
+    existing = plan.state.releases.get(plan.release)
+    manifest = existing.manifest if existing else plan.manifest()
+    (stage_dir / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    s = host.settings
+    return {
+        "opsctl_root": str(host.install_root), "opsctl_release_id": plan.release,
+        "opsctl_stage_local": str(stage_dir), "opsctl_env_dir": str(env_python(host).parent.parent),
+        "opsctl_sglang_version": host.runtime.sglang_version,
+        "opsctl_wheelhouse_dir": env_wheelhouse, "opsctl_base_requirements": list(host.runtime.base_requirements),
+        "opsctl_host_python": str(host.host_python), "opsctl_service_user": s.service_user or "",
+        "opsctl_runtime_wheel": str(plan.runtime_wheel) if plan.runtime_wheel else "",
+        "opsctl_drafter_digest": plan.drafter.digest if plan.drafter else "",
+        "opsctl_loadgen_src": str(LOADGEN_PATH),
+        "opsctl_secrets_file": str(s.secrets_file) if s.secrets_file else "",
+        **watch.playbook_vars(host),   # the host-side watch: installed (or removed) with every stage
+    }
