@@ -82,7 +82,7 @@ def deploy(inventory: str | Path | Inventory, profile_name: str, budget: int | N
         for h in hosts:  # a malformed workload file is bad input: found before anything is deployed
             WorkloadSet.load(h.gate_policy().workloads)
     policy = rollout_policy(hosts)
-    waves = plan_waves(hosts, policy)
+    waves = plan_waves(hosts, policy, list(inv.hosts))
     with BRAKE.engaged(on_note=lambda m: (progress or noop)({"event": "note", "host": "opsctl", "message": m})):
         return _deploy_hosts(inv, hosts, profiles, waves, policy, dry_run=dry_run, gates=gates, pre_checks=pre_checks,
                              progress=progress, confirm=confirm, verify_weights=verify_weights)

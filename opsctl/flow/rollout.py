@@ -50,15 +50,18 @@ def serial_batches(names: list[str], serial: list[int | str]) -> list[list[str]]
     return [list(b) for b in PlaybookExecutor._get_serialized_batches(executor, play)]
 
 
-def plan_waves(hosts: list[HostConfig], policy: RolloutPolicy) -> list[Wave]:
+def plan_waves(hosts: list[HostConfig], policy: RolloutPolicy, inventory_hosts: list[str] | None = None) -> list[Wave]:
+    """The waves for HOSTS (the selection). Canary names outside the selection (a `--limit`
+    that leaves them out) are not part of this run; names the inventory lacks are an error."""
     names = [h.name for h in hosts]
     if isinstance(policy.canary, int):
         canary = names[:policy.canary]
     else:
-        unknown = [c for c in policy.canary if c not in names]
+        known = set(inventory_hosts if inventory_hosts is not None else names)
+        unknown = [c for c in policy.canary if c not in known]
         if unknown:
-            raise ConfigError(f"opsctl.rollout.canary names {', '.join(unknown)}, not among the selected hosts "
-                              f"({', '.join(names)})", "name hosts of the inventory, or widen --limit to include them")
+            raise ConfigError(f"opsctl.rollout.canary names {', '.join(unknown)}, not a host of the inventory",
+                              f"name hosts of the inventory: {', '.join(sorted(known))}")
         canary = [n for n in names if n in policy.canary]
     rest = [n for n in names if n not in canary]
     waves: list[Wave] = []

@@ -233,9 +233,12 @@ def test_rollout_policy_is_checked_at_load(tmp_path):
         with pytest.raises(ConfigError) as exc:
             load_inventory(_fleet(tmp_path / str(len(str(bad))) / word.replace(" ", "_"), 2, bad))
         assert word in str(exc.value)
-    with pytest.raises(ConfigError, match="not among the selected hosts"):
-        rollout.plan_waves(list(load_inventory(_fleet(tmp_path / "ok", 2)).hosts.values()),
-                           RolloutPolicy(canary=["gpu9"]))
+    hosts = list(load_inventory(_fleet(tmp_path / "ok", 3)).hosts.values())
+    with pytest.raises(ConfigError, match="gpu9, not a host of the inventory"):
+        rollout.plan_waves(hosts, RolloutPolicy(canary=["gpu9"]), [h.name for h in hosts])
+    # a --limit that leaves the canary out: this run has no canary wave
+    waves = rollout.plan_waves(hosts[1:], RolloutPolicy(canary=["gpu1"], waves=["100%"]), [h.name for h in hosts])
+    assert [(w.name, w.hosts) for w in waves] == [("wave 1", ("gpu2", "gpu3"))]
 
 
 def test_wave_failure_rule_is_ansibles():
@@ -288,3 +291,19 @@ def test_a_healthy_soak_lets_the_next_wave_go(tmp_path, recorder, monkeypatch):
     monkeypatch.setattr(deploy.facts, "gather", lambda conn, *f, timeout=60: ({"ActiveState": "active"}, 200))
     assert [o.result for o in _run(inv)] == ["promoted"] * 3
     assert _of(calls, "stage") == [("gpu1",), ("gpu2", "gpu3")]
+
+
+def test_an_interrupt_mid_rollout_puts_back_the_hosts_that_took_the_release(tmp_path, recorder):
+    from opsctl.brake import Interrupted
+
+    calls, fail_on, _ = recorder
+    inv = load_inventory(_fleet(tmp_path, 3, {"canary": 1, "waves": ["100%"]}))
+    fail_on["gpu2"] = Interrupted("interrupted (SIGINT) during bench, after the switch: rolled back to base, which "
+                                  "serves again", signal_name="SIGINT", details={"step": "bench", "switched": True})
+    with pytest.raises(Interrupted) as exc:
+        _run(inv)
+    assert exc.value.exit_code == 130
+    assert _of(calls, "apply") == ["gpu1", "gpu2"]
+    assert [c for c in calls if c[0] == "rollback"] == [("rollback", "gpu1", "base")]
+    assert "rolled back (on_failure: rollback_all): gpu1 -> base" in exc.value.problem
+    assert exc.value.details["hosts"]["gpu3"]["result"] == "not-reached"

@@ -1,5 +1,7 @@
-"""CI's short version of benchmarks/watch_soak.py: a healthy, gated DDTree release under noisy
-load with the watch on is never switched and never alerted on (the full run is 10 minutes)."""
+"""The short version of benchmarks/watch_soak.py: a healthy, gated DDTree release under noisy
+load with the watch on is never switched and never alerted on (the full run is 10 minutes).
+A soak (marked `soak`): out of CI, which keeps under its time limit; run it with
+`pytest -m soak tests/watch`."""
 from __future__ import annotations
 
 import sys
@@ -10,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from watch_soak import print_report, soak  # noqa: E402
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.soak]
 
 
 def test_healthy_release_under_noisy_load_is_never_switched(clean_lab):
