@@ -386,7 +386,13 @@ class HostConfig(_Strict):
         return policy
 
     def profile(self, name: str, budget: int | None = None, budget_schedule: str | None = None) -> Profile:
-        return resolve_profile(name, budget, overrides=self.settings.profiles, budget_schedule=budget_schedule)
+        profile = resolve_profile(name, budget, overrides=self.settings.profiles, budget_schedule=budget_schedule)
+        if profile.tp_size > self.gpu.count:  # hosts of a fleet differ (host_vars): refused before any host I/O
+            raise ConfigError(f"profile {profile.label} runs tensor-parallel over {profile.tp_size} GPUs; host "
+                              f"{self.name} has opsctl.gpu.count {self.gpu.count}",
+                              f"deploy it with --limit to hosts that have {profile.tp_size} GPUs, or override "
+                              f"opsctl.profiles.{profile.name}.tp_size in host_vars/{self.name}.yml")
+        return profile
 
 
 class Inventory(BaseModel):

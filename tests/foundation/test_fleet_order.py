@@ -307,3 +307,24 @@ def test_an_interrupt_mid_rollout_puts_back_the_hosts_that_took_the_release(tmp_
     assert [c for c in calls if c[0] == "rollback"] == [("rollback", "gpu1", "base")]
     assert "rolled back (on_failure: rollback_all): gpu1 -> base" in exc.value.problem
     assert exc.value.details["hosts"]["gpu3"]["result"] == "not-reached"
+
+
+def test_a_host_with_fewer_gpus_than_the_profile_needs_is_refused_before_any_host_io(tmp_path, monkeypatch):
+    inv_dir = _fleet(tmp_path, 3)
+    (inv_dir / "host_vars").mkdir(exist_ok=True)
+    (inv_dir / "host_vars" / "gpu3.yml").write_text("opsctl:\n  gpu:\n    count: 4\n")
+    inv = load_inventory(inv_dir)
+
+    def must_not_run(*a, **kw):
+        raise AssertionError("a host was contacted")
+
+    monkeypatch.setattr(deploy, "connect", must_not_run)
+    with pytest.raises(ConfigError) as exc:
+        deploy.deploy(inv, "ar-tp8")
+    assert "host gpu3 has opsctl.gpu.count 4" in exc.value.problem and "8 GPUs" in exc.value.problem
+    assert "host_vars/gpu3.yml" in exc.value.fix
+    # per-host profile overrides from host_vars make it fit: the other hosts keep tp 8
+    (inv_dir / "host_vars" / "gpu3.yml").write_text("opsctl:\n  gpu:\n    count: 4\n"
+                                                    "  profiles:\n    ar-tp8: {tp_size: 4}\n")
+    inv = load_inventory(inv_dir)
+    assert [h.profile("ar-tp8").tp_size for h in inv.hosts.values()] == [8, 8, 4]
