@@ -23,7 +23,7 @@ from opsctl.flow.bench import require_baseline
 from opsctl.flow.checks import run_post_checks, run_pre_checks
 from opsctl.flow.judge import bench_and_judge
 from opsctl.flow.plan import Plan, make_plan
-from opsctl.flow.promote import _rollback_one, fallback_release, prune, roll_back_after_failure
+from opsctl.flow.promote import rollback_host, fallback_release, prune, roll_back_after_failure
 from opsctl.flow.ready import crash_cause, wait_ready, with_start_diagnosis
 from opsctl.flow.rollout import Wave, new_rollout_id, plan_waves, rollout_policy, sleep_soak, wave_failed
 from opsctl.flow.stage import stage_wave
@@ -298,7 +298,7 @@ def _put_back(run: _HostRun, reason: str, note: Callable[[str], None]) -> str:
         note(f"{run.name}: nothing served before this rollout: it keeps {run.plan.release if run.plan else '?'}")
         return f"{run.name} keeps {run.plan.release if run.plan else '?'} (nothing to go back to)"
     try:
-        _rollback_one(run.host, target, reason, None)
+        rollback_host(run.host, target, reason, None)
     except OpsctlError as exc:
         note(f"{run.name}: rollback to {target} failed: {exc.problem}")
         return f"{run.name}: rollback to {target} FAILED: {exc.problem}"

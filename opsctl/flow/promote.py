@@ -78,11 +78,12 @@ def rollback(inventory: str | Path | Inventory, to: str | None = None, *, limit:
     results = []
     with BRAKE.engaged(on_note=lambda m: (progress or noop)({"event": "note", "host": "opsctl", "message": m})):
         for host in inv.select(limit):
-            results.extend(_rollback_one(host, to, reason, progress))
+            results.extend(rollback_host(host, to, reason, progress))
     return results
 
 
-def _rollback_one(host: HostConfig, to: str | None, reason: str, progress: Progress | None) -> list[dict]:
+def rollback_host(host: HostConfig, to: str | None, reason: str, progress: Progress | None) -> list[dict]:
+    """Switch one host to TO (None: its last good release), wait until ready, record it."""
     results = []
     steps = Steps(progress, host.name)
     conn = connect(host)

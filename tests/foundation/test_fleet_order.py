@@ -117,7 +117,7 @@ def recorder(monkeypatch):
     monkeypatch.setattr(deploy, "HostLock", FakeLock)
     monkeypatch.setattr(deploy, "stage_wave", fake_stage_wave)
     monkeypatch.setattr(deploy, "_apply", fake_apply)
-    monkeypatch.setattr(deploy, "_rollback_one", fake_rollback_one)
+    monkeypatch.setattr(deploy, "rollback_host", fake_rollback_one)
     monkeypatch.setattr(deploy, "ledger_rollout", lambda rid: _nullcontext())
     return calls, fail_on, unreachable
 
