@@ -205,3 +205,13 @@ def test_controller_killed_mid_wave_leaves_no_unconfirmed_release_and_the_next_d
                                                           "lab3": "promoted"}
     assert {n: _current(h) for n, h in hosts.items()} == {o["host"]: o["release"] for o in outcomes}
     assert _current(hosts["lab2"]) == new and _current(hosts["lab3"]).startswith("ddtree-b8-")   # lab3: own render
+
+
+def test_rollback_across_the_fleet_puts_every_host_on_its_baseline(fleet):
+    code, recs, err = fleet["ops"].json("rollback", "--to", "baseline", "--reason", "fleet drill", timeout=600)
+    assert code == 0, err
+    assert sorted(r["host"] for r in recs["rollbacks"]) == ["lab1", "lab2", "lab3"]
+    for name, h in fleet["hosts"].items():
+        assert _current(h) == fleet["baseline"][name] and _active(h) == "active", name
+        last = _ledger(h)[-1]
+        assert last["action"] == "rollback" and last["reason"] == "fleet drill" and last["result"] == "ok"

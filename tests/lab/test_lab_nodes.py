@@ -100,6 +100,11 @@ def test_fleet_inventory_matches_the_nodes():
         assert h.ssh.address == node.guest_ip
         assert (h.ssh.user, h.ssh.port, h.ssh.key_file) == (single.hosts["lab"].ssh.user, single.hosts["lab"].ssh.port,
                                                             single.hosts["lab"].ssh.key_file)
-        assert h.settings == single.hosts["lab"].settings
+        # the same host facts as the single-host lab; the fleet adds its rollout, a lighter gate
+        # (three hosts in a row) and lab3's own extra_env (a per-host render)
+        differ = {"rollout", "gate", "extra_env"}
+        assert h.settings.model_dump(exclude=differ) == single.hosts["lab"].settings.model_dump(exclude=differ)
+        assert h.settings.rollout.canary == ["lab1"] and h.settings.rollout.on_failure == "rollback_all"
+        assert h.settings.extra_env == ({"NCCL_P2P_LEVEL": "SYS"} if name == "lab3" else {})
     assert (REPO / "inventories/lab-fleet/group_vars/all.yml").read_text() == \
         (REPO / "inventories/lab/group_vars/all.yml").read_text()
