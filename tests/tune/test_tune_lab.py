@@ -76,6 +76,7 @@ def test_tune_finds_the_budget_per_level_measures_its_schedule_and_restores_the_
     assert (tmp_path / "t" / "tune.png").stat().st_size > 5000
 
 
+@pytest.mark.long  # CI covers the decision in test_tune_logic (keep the baseline) and the tune flow in the other lab tests
 def test_tune_says_keep_the_baseline_when_no_budget_wins(tuned_lab, tmp_path):
     with tuned_lab.fault("accept_collapse", algorithm="DDTREE"):
         p = opsctl("tune", "ddtree", "--budgets", "8,32", "--concurrency", "1", "--yes", "--json",
