@@ -102,7 +102,7 @@ def test_fault_on_a_later_wave_rolls_every_host_back_to_the_baseline(fleet):
     _set_policy(fleet["inv"], on_failure="rollback_all")
     # the readiness gate fails on lab3 (the bench gates are exercised by the good rollout below;
     # --no-gate keeps this case inside CI's time)
-    with hosts["lab3"].fault("capture_failure"):
+    with hosts["lab3"].fault("capture_failure", algorithm="DDTREE"):
         code, last, err = fleet["ops"].json("deploy", "ddtree", "--budget", "8", "--yes", "--skip-checks",
                                             "--no-gate", timeout=900)
     assert code == 5, err
@@ -125,7 +125,7 @@ def test_hold_keeps_the_canary_on_the_new_release(fleet):
     hosts = fleet["hosts"]
     _set_policy(fleet["inv"], on_failure="hold")
     try:
-        with hosts["lab2"].fault("capture_failure"):
+        with hosts["lab2"].fault("capture_failure", algorithm="DDTREE"):
             code, last, err = fleet["ops"].json("deploy", "ddtree", "--budget", "8", "--yes", "--skip-checks",
                                                 "--no-gate", timeout=900)
     finally:
