@@ -163,13 +163,12 @@ def _roll_out(inv: Inventory, runs: dict[str, _HostRun], waves: list[Wave], poli
             sick = _soak_check(took)
             if sick:
                 for run, why in sick:
-                    run.error = DeployFailed(f"{run.name}: unhealthy after the {policy.soak_s}s soak: {why}",
-                                             "see 'opsctl status' and the service's journal")
                     took.remove(run)
                     failed.append(run)
                     with BRAKE.shielded(f"rolling {run.name} back"):
                         back = _put_back(run, f"rollout {rollout_id}: unhealthy after the soak: {why}", note)
-                    run.error = DeployFailed(f"{run.error.problem} (rolled back: {back})", run.error.fix)
+                    run.error = DeployFailed(f"{run.name}: unhealthy after the {policy.soak_s}s soak: {why} "
+                                             f"(rolled back: {back})", "see 'opsctl status' and the service's journal")
                 _stop(runs, waves, f"the soak after {waves[i - 1].name}", [n for w in waves[i:] for n in w.hosts],
                       took, failed, policy, rollout_id, note)
         wave_runs = [runs[n] for n in wave.hosts]
@@ -179,11 +178,11 @@ def _roll_out(inv: Inventory, runs: dict[str, _HostRun], waves: list[Wave], poli
             wave_failures = _run_wave(inv, wave_runs, policy, rollout_id, gates=gates, checks=checks,
                                       verify_weights=verify_weights, trial=trial)
         except Interrupted as exc:
-            took += [r for r in wave_runs if r.outcome is not None and r.outcome.result == "promoted"]
             if not fleet:
                 raise
+            took += _promoted(wave_runs)
             raise _interrupted_rollout(exc, runs, took, policy, rollout_id, note) from None
-        took += [r for r in wave_runs if r.outcome is not None and r.outcome.result == "promoted"]
+        took += _promoted(wave_runs)
         failed += wave_failures
         if not fleet and wave_failures:
             raise wave_failures[0].error  # one host: its own error, as it was raised
@@ -201,6 +200,10 @@ def _roll_out(inv: Inventory, runs: dict[str, _HostRun], waves: list[Wave], poli
         if fleet:
             o.details.update({"rollout": rollout_id, "wave": runs[o.host].wave})
     return outcomes
+
+
+def _promoted(runs: list[_HostRun]) -> list[_HostRun]:
+    return [r for r in runs if r.outcome is not None and r.outcome.result == "promoted"]
 
 
 def _run_wave(inv: Inventory, runs: list[_HostRun], policy: RolloutPolicy, rollout_id: str | None, *,

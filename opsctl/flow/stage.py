@@ -19,15 +19,6 @@ from opsctl.playbook import PlayResult, raise_for, run_playbook_hosts
 from opsctl.render import env_python
 
 
-def stage(conn: Connection, inv: Inventory, plan: Plan, steps: Steps) -> tuple[PlayResult, SyncResult | None]:
-    """One host: ship, then the prepare playbook; HostError when it fails."""
-    staged = stage_wave(inv, [(conn, plan, steps)])
-    play, sync, error = staged[plan.host.name]
-    if error is not None:
-        raise error
-    return play, sync
-
-
 def stage_wave(inv: Inventory, items: list[tuple[Connection, Plan, Steps]]
                ) -> dict[str, tuple[PlayResult | None, SyncResult | None, HostError | None]]:
     """Stage a wave: each host's wheelhouse and drafter by content (rsync over its own SSH),
