@@ -214,10 +214,11 @@ def candidates(bs, impl):
     base = dict(tk.CONFIG["small"] if impl == "v0" else tk.CONFIG["large"])
     out = [("default", None, {})]
     if impl == "v2":
-        out += [("v2 chunk 4096", dict(base, chunk=4096), {}), ("v2 chunk 2048", dict(base, chunk=2048), {}),
-                ("v2 select 8 warps", dict(base, sel_warps=8), {})]
+        out += [("v2 stream 4 warps", dict(base, warps=4), {})]
+        if bs * BLOCK > 128:  # rows 1..L copied for the GEMM: torch's strided copy instead of gather_rows
+            out += [("torch row copy", None, {"row_copy": "torch"})]
     else:
-        out += [("v0 chunk 4096", dict(base, chunk=4096), {}), ("v0 4 warps", dict(base, warps=4), {})]
+        out += [("v0 4 warps", dict(base, warps=4), {})]
     out += [("tree 4 warps", None, {"tree_warps": 4})]
     return out
 

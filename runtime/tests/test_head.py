@@ -13,7 +13,7 @@ top-K and exact merge, tree kernel.
   must order them as one kernel over the whole row does), and every top-K
   configuration returns the first K in that order (ties included).  fp32 continuous
   logits: path sets == the heap reference.  The fused kernels' counters come
-  back to zero.
+  back to zero.  The row gather for the GEMM equals the strided rows it replaces.
 * torch (no Triton): the same head on the CPU path == ``build_trees`` on the
   logits (path sets), TP 1 and simulated TP.
 The GPU run (timing, CUDA graph, exactness at V 20480 / 163840) is
@@ -106,6 +106,12 @@ for cfg in (LARGE, {"impl": "v2", "chunk": 256, "S": 16, "epack32": True}, SMALL
             ids = torch.empty(4, 16, dtype=torch.int64)
             tk.topk_rows(xx, 4, 16, lp, ids, cfg=cfg)
             assert torch.equal(ids, canonical(xx, 16)), (cfg, sgn, dt)
+# the GEMM input of batches above full_rows_max: rows 1..L of each block, gathered by
+# one Triton launch (tk.gather_rows), equal to the strided view it replaces
+for (bs, blk, H, c0, c1) in [(3, 4, 40, 0, 3), (3, 4, 40, 1, 3), (2, 8, 1100, 0, 2), (5, 2, 16, 2, 4)]:
+    x = torch.randn(bs * blk, H, generator=g).to(torch.bfloat16)
+    got = tk.gather_rows(x, c0, c1, blk)
+    assert got.is_contiguous() and torch.equal(got, x.view(-1, blk, H)[c0:c1, 1:].reshape(-1, H)), (bs, blk, H, c0)
 print("OK", n)
 """
 

@@ -49,6 +49,12 @@ DEFAULT_FULL_ROWS_MAX = 128
 NEG = -3.3e38
 
 
+def _row_copy() -> str:
+    from .triton_kernels import CONFIG
+
+    return CONFIG.get("row_copy", "torch")
+
+
 class DraftTreeHead:
     def __init__(
         self,
@@ -185,8 +191,13 @@ class DraftTreeHead:
             x = hid[c0 * self.block:c1 * self.block]
             rowmap = (self.L, self.block, 1)
         else:
-            x = hid.view(-1, self.block, self.H)[c0:c1, 1:].reshape((c1 - c0) * self.L, self.H)
             rowmap = (1, 1, 0)
+            if self.use_triton and hid.is_contiguous() and _row_copy() == "triton":
+                from .triton_kernels import gather_rows
+
+                x = gather_rows(hid, c0, c1, self.block)
+            else:
+                x = hid.view(-1, self.block, self.H)[c0:c1, 1:].reshape((c1 - c0) * self.L, self.H)
         if x.dtype != W.dtype:
             x = x.to(W.dtype)
         return torch.mm(x, W.t()), rowmap

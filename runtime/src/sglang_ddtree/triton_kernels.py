@@ -427,6 +427,10 @@ CONFIG = {
     "small_elems": 0,
     "tree_warps": 8,
     "tree_gather": True,
+    # the head's rows 1..L for its GEMM (batches above full_rows_max):
+    # "triton" (gather_rows) or "torch" (a strided copy); bench_head.py run 3,
+    # shard 20480 batch 32: 155.8 us vs 158.6 us for the whole head
+    "row_copy": "triton",
 }
 
 _COUNTERS = {}
@@ -857,6 +861,36 @@ def build_trees_from_top_triton(top_lp, top_id, budget, root_tokens=None, num_wa
     bs, L, K = top_lp.shape
     tr = _TreeLaunch(bs, L, K, budget, root_tokens, top_lp.device, gather=gather)
     return _launch_tree(top_lp, top_id, tr, num_warps)
+
+
+# ---------------------------------------------------------------------------
+# the head's GEMM input: rows 1..L of every request's block, made contiguous
+# ---------------------------------------------------------------------------
+
+
+@triton.jit
+def _gather_rows_kernel(src_ptr, dst_ptr, H, R0, L: tl.constexpr, BLK: tl.constexpr, BH: tl.constexpr):
+    r = tl.program_id(0)
+    offs = tl.program_id(1) * BH + tl.arange(0, BH)
+    m = offs < H
+    srow = R0 + (r // L) * BLK + 1 + r % L
+    x = tl.load(src_ptr + srow.to(tl.int64) * H + offs, mask=m)
+    tl.store(dst_ptr + r.to(tl.int64) * H + offs, x, mask=m)
+
+
+def gather_rows(hid: torch.Tensor, c0: int, c1: int, block: int) -> torch.Tensor:
+    """``hid.view(-1, block, H)[c0:c1, 1:]`` (``hid`` contiguous ``[bs * block, H]``) as
+    a contiguous ``[(c1 - c0) * (block - 1), H]`` tensor, in one launch of rows x
+    1024-element pieces.  On the H200 (bench/profile_head.py, H 7168 bf16):
+    2.8 us for 224 rows (batch 32) and 8.4 us for 896 (batch 128), against
+    6.3 us and 18.7 us for torch's strided copy of the same rows."""
+    H = int(hid.shape[1])
+    L = block - 1
+    rows = (c1 - c0) * L
+    out = torch.empty((rows, H), dtype=hid.dtype, device=hid.device)
+    BH = min(1024, _next_pow2(H))
+    _gather_rows_kernel[(rows, triton.cdiv(H, BH))](hid, out, H, c0 * block, L=L, BLK=block, BH=BH, num_warps=4)
+    return out
 
 
 # ---------------------------------------------------------------------------
