@@ -207,6 +207,22 @@ def graph_exact(g, out_trees, static_hid, static_ids, W, reference_head, bs, see
     return bool(ok)
 
 
+def tp8_head(W, bs, **kw):
+    """Rank 0 of a TP-8 head on the shard ``W`` (20480 rows of Kimi's 163840): the
+    all-gather returns 7 other ranks' send buffers made up here (plausible shard
+    lists: sorted values, int32 ids in the other shards, lse), by local copies."""
+    from sglang_ddtree.head import DraftTreeHead, LoopbackGroup
+
+    others = [None] + [torch.randn(bs * L * (2 * BUDGET + 1), device=DEV) for _ in range(7)]
+    n = bs * L * BUDGET
+    for o in others[1:]:
+        o[:n] = o[:n].view(bs * L, BUDGET).sort(-1, descending=True).values.flatten()
+        o[n:2 * n] = torch.randint(20480, 163840, (n,), device=DEV, dtype=torch.int32).view(torch.float32)
+        o[2 * n:] = 12.0
+    return DraftTreeHead(W, BUDGET, BLOCK, vocab_start=0, tp_group=LoopbackGroup(8, 0, others),
+                         vocab_size=163840, max_bs=bs, **kw)
+
+
 def candidates(bs, impl):
     """Launch-configuration variants timed at the small shard (name, cfg, CONFIG overrides)."""
     from sglang_ddtree import triton_kernels as tk
@@ -248,7 +264,7 @@ def sweep(W, hid, ids, bs, impl):
 
 def timing(results):
     from sglang_ddtree import triton_kernels as tk
-    from sglang_ddtree.head import DraftTreeHead, LoopbackGroup
+    from sglang_ddtree.head import DraftTreeHead
     from sglang_ddtree.worker import draft_trees
 
     rows = []
@@ -289,15 +305,7 @@ def timing(results):
                 del g
                 # TP 8 flow at shard 20480 (all-gather replaced by local copies)
                 if V == 20480:
-                    others = [None] + [torch.randn(bs * L * (2 * BUDGET + 1), device="cuda") for _ in range(7)]
-                    for o in others[1:]:  # plausible shard lists: values, int32 ids, lse
-                        n = bs * L * BUDGET
-                        o[:n] = o[:n].view(bs * L, BUDGET).sort(-1, descending=True).values.flatten()
-                        o[n:2 * n] = torch.randint(20480, 163840, (n,), device="cuda",
-                                                   dtype=torch.int32).view(torch.float32)
-                        o[2 * n:] = 12.0
-                    h8 = DraftTreeHead(W, BUDGET, BLOCK, vocab_start=0, tp_group=LoopbackGroup(8, 0, others),
-                                       vocab_size=163840, max_bs=bs)
+                    h8 = tp8_head(W, bs)
                     g, out = capture_graph(lambda: h8(hid, ids))
                     r["tp8_graph_us"] = median_time(g.replay, reps_for(100))
                     del g

@@ -33,7 +33,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
-from bench_head import BLOCK, BUDGET, H, L, capture_graph, graph_exact, median_time, rand_case  # noqa: E402
+from bench_head import (BLOCK, BUDGET, H, L, capture_graph, graph_exact, median_time, rand_case,  # noqa: E402
+                        tp8_head)
 
 V = 20480
 
@@ -109,6 +110,13 @@ def kernel_profile(replay, n=40):
                         for i in range(per)]}
 
 
+def safe_profile(replay):
+    try:
+        return kernel_profile(replay)
+    except Exception as e:  # noqa: BLE001
+        return {"error": repr(e)[:200]}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -116,7 +124,7 @@ def main():
     args = ap.parse_args()
     import triton
 
-    from sglang_ddtree.head import DraftTreeHead, LoopbackGroup
+    from sglang_ddtree.head import DraftTreeHead
 
     log(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
     t0 = time.time()
@@ -142,27 +150,13 @@ def main():
                 ok = graph_exact(g, out, hid, ids, W, head, bs, seed=bs)
                 v = {"us": round(t, 2), "ratio": round(t / row["gemm_us"], 3), "exact": ok}
                 if name in PROFILED:
-                    try:
-                        v["profile"] = kernel_profile(g.replay)
-                    except Exception as e:  # noqa: BLE001
-                        v["profile"] = {"error": repr(e)[:200]}
-                del g
-                if name in PROFILED:  # the TP-8 flow, all-gather by local copies
-                    others = [None] + [torch.randn(bs * L * (2 * BUDGET + 1), device="cuda") for _ in range(7)]
-                    for o in others[1:]:
-                        n = bs * L * BUDGET
-                        o[:n] = o[:n].view(bs * L, BUDGET).sort(-1, descending=True).values.flatten()
-                        o[n:2 * n] = torch.randint(20480, 163840, (n,), device="cuda", dtype=torch.int32).view(torch.float32)
-                        o[2 * n:] = 12.0
-                    h8 = DraftTreeHead(W, BUDGET, BLOCK, vocab_start=0, tp_group=LoopbackGroup(8, 0, others),
-                                       vocab_size=163840, max_bs=bs, **kw)
+                    v["profile"] = safe_profile(g.replay)
+                    del g
+                    h8 = tp8_head(W, bs, **kw)  # the TP-8 flow, all-gather by local copies
                     g, _ = capture_graph(lambda: h8(hid, ids))
                     v["tp8_us"] = round(median_time(g.replay, 300, rounds=5), 2)
-                    try:
-                        v["tp8_profile"] = kernel_profile(g.replay)
-                    except Exception as e:  # noqa: BLE001
-                        v["tp8_profile"] = {"error": repr(e)[:200]}
-                    del g
+                    v["tp8_profile"] = safe_profile(g.replay)
+                del g
             except Exception as e:  # noqa: BLE001
                 traceback.print_exc()
                 v = {"error": repr(e)[:300]}
