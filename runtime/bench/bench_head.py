@@ -17,7 +17,10 @@ batch 1, 8, 32, 128.
    valid all equal.  TP 1 at both shard sizes; a simulated TP 2-8 merge (every
    rank's shard of 20480 computed on this GPU, the all-gather by
    ``LoopbackGroup``).
-2. timing, CUDA-graph replays (median of rounds, CUDA events):
+2. timing, CUDA-graph replays (median of rounds, CUDA events; the GEMM alone
+   and the head graph replayed alternately, each replay between its own
+   events: head/GEMM is the median of the pairs' ratios, with the range of
+   the middle half, not skewed by clocks that differ between the two):
      gemm        torch.mm(hidden rows 1..L [bs*7, H], W_shard.T) -> bf16 logits
      old eager   worker.draft_trees (what the worker ran before): eager
      old graph   the same captured in a CUDA graph
@@ -186,6 +189,33 @@ def median_time(fn, reps, rounds=3):
     return ts[len(ts) // 2]
 
 
+def interleaved_times(fa, fb, n):
+    """Times (us) of ``fa`` and ``fb`` replayed alternately, one call each per
+    pair, every call between its own CUDA events: both see the same clocks.
+    (Alternating blocks of 300 replays, this file's first try, biased the
+    ratio: after a block of GEMMs the head ran slower, after a block of heads
+    the GEMM faster.)"""
+    for _ in range(3):
+        fa()
+        fb()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(3 * n)]
+    for i in range(n):
+        ev[3 * i].record()
+        fa()
+        ev[3 * i + 1].record()
+        fb()
+        ev[3 * i + 2].record()
+    torch.cuda.synchronize()
+    ta = [ev[3 * i].elapsed_time(ev[3 * i + 1]) * 1e3 for i in range(n)]
+    tb = [ev[3 * i + 1].elapsed_time(ev[3 * i + 2]) * 1e3 for i in range(n)]
+    return ta, tb
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
 def reps_for(us_guess):
     return int(max(5, min(300, 30000 / max(us_guess, 1.0))))
 
@@ -225,17 +255,9 @@ def tp8_head(W, bs, **kw):
 
 def candidates(bs, impl):
     """Launch-configuration variants timed at the small shard (name, cfg, CONFIG overrides)."""
-    from sglang_ddtree import triton_kernels as tk
-
-    base = dict(tk.CONFIG["small"] if impl == "v0" else tk.CONFIG["large"])
-    out = [("default", None, {})]
-    if impl == "v2":
-        out += [("v2 stream 4 warps", dict(base, warps=4), {})]
-        if bs * BLOCK > 128:  # rows 1..L copied for the GEMM: torch's strided copy instead of gather_rows
-            out += [("torch row copy", None, {"row_copy": "torch"})]
-    else:
-        out += [("v0 4 warps", dict(base, warps=4), {})]
-    out += [("tree 4 warps", None, {"tree_warps": 4})]
+    out = [("default", None, {}), ("tree via memory", None, {"tree_gather": False})]
+    if impl == "v2" and bs * BLOCK > 128:  # rows 1..L copied for the GEMM: torch's strided copy instead of gather_rows
+        out += [("torch row copy", None, {"row_copy": "torch"})]
     return out
 
 
@@ -276,10 +298,8 @@ def timing(results):
                 _, hid, ids = rand_case(V, bs, 1000 + bs, 1.0)
                 hs = hid.view(bs, BLOCK, H)[:, 1:].reshape(bs * L, H).contiguous()
                 root = ids.view(bs, BLOCK)[:, 0].contiguous()
-                # GEMM alone
-                g, _ = capture_graph(lambda: torch.mm(hs, W.t()))
-                r["gemm_us"] = median_time(g.replay, reps_for(100 if V < 100000 else 700))
-                del g
+                # GEMM alone (timed below, in rounds alternating with the head's graph)
+                g_gemm, _ = capture_graph(lambda: torch.mm(hs, W.t()))
                 # today's eager head
                 r["old_eager_us"] = median_time(lambda: draft_trees(hid.view(bs, BLOCK, H), W, BUDGET, root),
                                                 reps_for(4000), rounds=3)
@@ -294,7 +314,14 @@ def timing(results):
                 r["logits_MiB"] = head.logits_bytes(bs) / 2 ** 20
                 r["head_eager_us"] = median_time(lambda: head(hid, ids), reps_for(300))
                 g, out = capture_graph(lambda: head(hid, ids))
-                r["head_graph_us"] = median_time(g.replay, reps_for(100 if V < 100000 else 700))
+                ta, tb = interleaved_times(g_gemm.replay, g.replay, reps_for(100 if V < 100000 else 700))
+                del g_gemm
+                r["gemm_us"], r["head_graph_us"] = median(ta), median(tb)
+                ratios = sorted(b / a for a, b in zip(ta, tb))
+                q = len(ratios) // 4
+                r["ratio"], r["ratio_range"] = median(ratios), [ratios[q], ratios[-1 - q]]
+                # the same graph timed on its own (how runs 1-3 timed it)
+                r["head_graph_alone_us"] = median_time(g.replay, reps_for(100 if V < 100000 else 700), rounds=5)
                 r["graph_ok"] = graph_exact(g, out, hid, ids, W, head, bs, seed=bs)
                 del g
                 # the other launch configuration
@@ -311,7 +338,6 @@ def timing(results):
                     del g
                 if V == 20480 and bs <= 32:
                     r["candidates"] = sweep(W, hid, ids, bs, r["cfg"])
-                r["ratio"] = r["head_graph_us"] / r["gemm_us"]
                 r["speedup_vs_old_eager"] = r["old_eager_us"] / r["head_graph_us"]
             except Exception as e:  # noqa: BLE001
                 traceback.print_exc()
@@ -327,7 +353,7 @@ def timing(results):
 
 def table(rows):
     md = ["| shard V | batch | GEMM alone (us) | old eager (us) | old graph (us) | head eager (us) | "
-          "**head graph (us)** | head/GEMM | target <= 1.3 | old eager/head | alt config graph (us) | "
+          "**head graph (us)** | head/GEMM (range) | target <= 1.3 | old eager/head | alt config graph (us) | "
           "TP-8 flow graph* (us) | graph replays == eager | logits (MiB) |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -336,7 +362,8 @@ def table(rows):
             continue
         tp8 = f"{r['tp8_graph_us']:.1f}" if "tp8_graph_us" in r else "-"
         md.append(f"| {r['V']} | {r['batch']} | {r['gemm_us']:.1f} | {r['old_eager_us']:.0f} | {r['old_graph_us']:.0f} | "
-                  f"{r['head_eager_us']:.1f} | **{r['head_graph_us']:.1f}** ({r['cfg']}) | {r['ratio']:.3f} | "
+                  f"{r['head_eager_us']:.1f} | **{r['head_graph_us']:.1f}** ({r['cfg']}) | "
+                  f"{r['ratio']:.3f} ({r['ratio_range'][0]:.3f}-{r['ratio_range'][1]:.3f}) | "
                   f"{'yes' if r['ratio'] <= 1.3 else 'NO'} | {r['speedup_vs_old_eager']:.0f}x | "
                   f"{r['alt_graph_us']:.1f} | {tp8} | {r['graph_ok']} | {r['logits_MiB']:.1f} |")
     return md

@@ -6,14 +6,20 @@
 For the shard vocabulary 20480 (H 7168, L 7, budget 32, bf16), per batch size:
 
 1. the LM-head GEMM alone (``torch.mm`` on bs*7 rows, and on the whole bs*8
-   block), CUDA-graph replay;
+   block), CUDA-graph replay, and its kernel; above 16 requests also the
+   gather_rows + GEMM graph (the head's GEMM input), against the GEMM alone;
 2. ``DraftTreeHead`` captured in a CUDA graph under each variant (``CONFIG``
-   overrides / head arguments): median replay time, and 3 replays with new
-   hidden states == ``build_trees`` on the head's own logits;
-3. for the PROFILED variants, a ``torch.profiler`` trace of graph replays:
-   each kernel's mean duration and the mean gap before it (launch latency the
-   graph does not hide), and the whole replay's span; the same for the TP-8
-   flow (the all-gather replaced by local copies).
+   overrides / head arguments): replay time interleaved with the GEMM alone's
+   (``bench_head.interleaved_times``; ratio = median of the pairs' ratios); 3
+   replays with new hidden states == ``build_trees`` on the head's own logits
+   (under the variant's configuration, and under the default one); a
+   ``torch.profiler`` trace of graph replays: each kernel's mean duration and
+   the mean gap before it (launch latency the graph does not hide), the whole
+   replay's span and the tail (span less the GEMM: what the variants change,
+   free of the GEMM's drift); for TP8_FLOW variants the same for the TP-8
+   flow (the all-gather replaced by local copies);
+3. (batches 1, 8, 32) the tree kernel alone on fixed top-K lists (L 7),
+   register path (4 and 8 warps) and through memory (== the torch beam).
 
 Its runs on the H200 and what they decided: results-head-h200.txt.
 """
@@ -33,8 +39,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
-from bench_head import (BLOCK, BUDGET, H, L, capture_graph, graph_exact, median_time, rand_case,  # noqa: E402
-                        tp8_head)
+from bench_head import (BLOCK, BUDGET, H, L, capture_graph, graph_exact, median, median_time,  # noqa: E402
+                        interleaved_times, rand_case, tp8_head)
 
 V = 20480
 
@@ -43,19 +49,53 @@ def log(*a):
     print(*a, flush=True)
 
 
-PROFILED = ("default", "torch row copy")
+TP8_FLOW = ("default",)
+# the tree kernel alone: (register path, warps)
+TREE_ALONE = ((False, 8), (True, 4), (True, 8))
 
 
 def variants(bs):
-    """(name, CONFIG overrides, head keyword arguments); the PROFILED ones also
-    get a kernel trace and the TP-8 flow."""
-    out = [("default", {}, {}), ("torch row copy", {"row_copy": "torch"}, {}),
-           ("tree 4 warps", {"tree_warps": 4}, {})]
-    if bs * L > 7:
-        out.append(("stream 4 warps", {"large": {"warps": 4}}, {}))
-    if bs * BLOCK > 128:
-        out.append(("whole-block GEMM", {}, {"full_rows_max": bs * BLOCK}))
-    return out
+    """(name, CONFIG overrides, head keyword arguments); every variant gets a
+    kernel trace, the TP8_FLOW ones also the TP-8 flow.  (Runs a-e of
+    results-head-h200.txt timed other variants: PDL, warp counts, rank-based
+    selection, torch's row copy, stream + select in one launch, select
+    options, steps of the tree kernel.)"""
+    return [("default", {}, {}), ("tree 8 warps", {"tree_warps": 8}, {}),
+            ("tree via memory", {"tree_gather": False}, {})]
+
+
+def tree_alone(bs, gather, depth):
+    """The tree kernel alone on fixed top-K lists (graph replay, us) and == the torch beam."""
+    from sglang_ddtree import triton_kernels as tk
+    from sglang_ddtree.reference import top_log_probs
+    from sglang_ddtree.tree import build_trees_from_top
+
+    gen = torch.Generator(device="cuda").manual_seed(depth)
+    x = torch.randn(bs, depth, 2048, device="cuda", generator=gen) * 3
+    lp, ids = top_log_probs(x, BUDGET)
+    root = torch.arange(bs, device="cuda")
+    g, out = capture_graph(lambda: tk.build_trees_from_top_triton(lp, ids, BUDGET, root, gather=gather))
+    t = median_time(g.replay, 300, rounds=5)
+    ref = build_trees_from_top(lp, ids, BUDGET, root)
+    ok = all(torch.equal(getattr(out, f), getattr(ref, f)) for f in ("tokens", "parents", "depths", "visibility", "valid"))
+    del g
+    return round(t, 2), ok
+
+
+def exact_vs_default(head, hid, ids, out, bs, default_config):
+    """The last replay's trees == build_trees under the default configuration
+    on the head's logits (a reference that does not share the variant's kernels)."""
+    from sglang_ddtree import build_trees
+    from sglang_ddtree import triton_kernels as tk
+
+    cur = json.loads(json.dumps(tk.CONFIG))
+    restore(default_config)
+    try:
+        ref = build_trees(head.logits(hid), BUDGET, ids.view(bs, BLOCK)[:, 0])
+    finally:
+        restore(cur)
+    return all(torch.equal(getattr(out, f), getattr(ref, f))
+               for f in ("tokens", "parents", "depths", "visibility", "valid"))
 
 
 def apply_config(over):
@@ -134,23 +174,40 @@ def main():
         _, hid, ids = rand_case(V, bs, 1000 + bs, 1.0)
         hs = hid.view(bs, BLOCK, H)[:, 1:].reshape(bs * L, H).contiguous()
         row = {"batch": bs}
-        g, _ = capture_graph(lambda: torch.mm(hs, W.t()))
-        row["gemm_us"] = round(median_time(g.replay, 300, rounds=5), 2)
-        del g
+        g_gemm, _ = capture_graph(lambda: torch.mm(hs, W.t()))
+        row["gemm_us"] = round(median_time(g_gemm.replay, 300, rounds=5), 2)
+        row["gemm_profile"] = safe_profile(g_gemm.replay)
         g, _ = capture_graph(lambda: torch.mm(hid, W.t()))
         row["gemm_block_us"] = round(median_time(g.replay, 300, rounds=5), 2)
         del g
+        if bs * BLOCK > 128:  # the head's own GEMM input: rows 1..L gathered by one launch
+            from sglang_ddtree.triton_kernels import gather_rows
+
+            g, _ = capture_graph(lambda: torch.mm(gather_rows(hid, 0, bs, BLOCK), W.t()))
+            ta, tb = interleaved_times(g_gemm.replay, g.replay, 300)
+            row["gather_gemm_paired_us"] = [round(median(ta), 2), round(median(tb), 2)]
+            row["gather_gemm_profile"] = safe_profile(g.replay)
+            del g
+        log(f"[bs {bs}] gemm alone {row['gemm_us']} us: {row['gemm_profile']}")
+        if "gather_gemm_paired_us" in row:
+            log(f"[bs {bs}] gemm alone vs gather + gemm, paired: {row['gather_gemm_paired_us']}; "
+                f"{row['gather_gemm_profile']}")
         row["variants"] = {}
         for name, over, kw in variants(bs):
             saved = apply_config(over)
             try:
                 head = DraftTreeHead(W, BUDGET, BLOCK, max_bs=bs, **kw)
                 g, out = capture_graph(lambda: head(hid, ids))
-                t = median_time(g.replay, 300, rounds=5)
+                ta, tb = interleaved_times(g_gemm.replay, g.replay, 300)
+                t = median(tb)
                 ok = graph_exact(g, out, hid, ids, W, head, bs, seed=bs)
-                v = {"us": round(t, 2), "ratio": round(t / row["gemm_us"], 3), "exact": ok}
-                if name in PROFILED:
-                    v["profile"] = safe_profile(g.replay)
+                v = {"us": round(t, 2), "gemm_paired_us": round(median(ta), 2),
+                     "ratio": round(median([y / x for x, y in zip(ta, tb)]), 3), "exact": ok,
+                     "exact_vs_default": exact_vs_default(head, hid, ids, out, bs, saved)}
+                v["profile"] = safe_profile(g.replay)
+                if "kernels" in v["profile"]:  # the span less the GEMM (the longest kernel)
+                    v["tail_us"] = round(v["profile"]["span_us"] - max(k["us"] for k in v["profile"]["kernels"]), 2)
+                if name in TP8_FLOW:
                     del g
                     h8 = tp8_head(W, bs, **kw)  # the TP-8 flow, all-gather by local copies
                     g, _ = capture_graph(lambda: h8(hid, ids))
@@ -168,7 +225,19 @@ def main():
                 if pk in v and "kernels" in v[pk]:
                     log(f"    {pk} span {v[pk]['span_us']} us: " + "; ".join(
                         f"{k['name']} {k['us']} (+{k['gap_before_us']})" for k in v[pk]["kernels"]))
+        if bs in (1, 8, 32):
+            row["tree_alone"] = {}
+            for reg, w in TREE_ALONE:
+                saved = apply_config({"tree_warps": w})
+                try:
+                    row["tree_alone"][f"{'registers' if reg else 'memory'} {w}w"] = tree_alone(bs, reg, 7)
+                except Exception as e:  # noqa: BLE001
+                    row["tree_alone"][f"{'registers' if reg else 'memory'} {w}w"] = repr(e)[:200]
+                finally:
+                    restore(saved)
+            log(f"[bs {bs}] tree kernel alone (us, == torch beam): {row['tree_alone']}")
         log(f"[bs {bs}] gemm {row['gemm_us']} us, gemm on the whole block {row['gemm_block_us']} us")
+        del g_gemm
         res.append(row)
         torch.cuda.empty_cache()
     log("| batch | GEMM (us) | " + " | ".join(n for n, _, _ in variants(128)) + " |")
@@ -176,7 +245,8 @@ def main():
         cells = []
         for n, _, _ in variants(128):
             v = r["variants"].get(n)
-            cells.append("-" if v is None else (v.get("error", "")[:20] or f"{v['us']} ({v['ratio']}){'' if v['exact'] else ' INEXACT'}"))
+            cells.append("-" if v is None else (v.get("error", "")[:20] or f"{v['us']} ({v['ratio']}, tail "
+                                                 f"{v.get('tail_us')}){'' if v['exact'] else ' INEXACT'}"))
         log(f"| {r['batch']} | {r['gemm_us']} | " + " | ".join(cells) + " |")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "profile_head.json"), "w") as f:

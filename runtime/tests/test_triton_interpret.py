@@ -41,7 +41,7 @@ for cfg in cfgs:
             else:
                 got = x.float().gather(-1, ids).sort(-1).values
                 assert torch.equal(got, x.float().topk(K, -1).values.sort(-1).values), (cfg, dt, bs, L, V, B)
-# the tree kernel (pruned beam; memory round trips or register gathers) == the torch beam
+# the tree kernel (pruned beam; memory round trips or registers) == the torch beam
 for gat in (False, True):
     for (bs, L, V, B) in [(2, 15, 300, 64), (3, 7, 1000, 32), (2, 9, 5, 33), (4, 4, 100, 1), (2, 6, 3, 64)]:
         x = torch.randn(bs, L, V, generator=g) * 3
@@ -51,6 +51,15 @@ for gat in (False, True):
         ref = build_trees_from_top(lp, ids, B, torch.arange(bs))
         for f in ("tokens", "parents", "depths", "visibility", "valid"):
             assert torch.equal(getattr(tr, f), getattr(ref, f)), (gat, bs, L, V, B, f)
+# exact score ties (integer logits: equal sums along different paths): the
+# register path (running global top-B, ancestor mask by stores) == the memory path
+for (bs, L, V, B) in [(2, 7, 40, 32), (3, 5, 20, 16)]:
+    x = (torch.randn(bs, L, V, generator=g) * 3).round()
+    lp, ids = top_log_probs(x, min(B, V))
+    mem = tk.build_trees_from_top_triton(lp, ids, B, torch.arange(bs), gather=False)
+    reg = tk.build_trees_from_top_triton(lp, ids, B, torch.arange(bs), gather=True)
+    for f in ("tokens", "parents", "depths", "visibility", "valid"):
+        assert torch.equal(getattr(reg, f), getattr(mem, f)), ("ties", bs, L, V, B, f)
 # v0 top-K + merge + tree in one launch (the last program of a row / of a
 # request doing the next step), v2 with the compacted element sort (ecap; tiny
 # V falls back to the full sort); == the same top-K followed by the tree

@@ -24,8 +24,9 @@
    the depth-major ordering, parent / token / depth assembly and the ancestor
    mask.  The beam only looks at candidates (i, j) with (i+1)(j+1) <= B (the
    others are beaten by B candidates: ~B ln B instead of B*K), and with
-   ``tree_gather`` it gathers beam and log-probabilities from registers
-   (``tl.gather``) instead of round trips through memory.  Supported for
+   ``tree_gather`` it loads every depth's top-K once, up front, and works in
+   registers (``tl.gather``; parents by counting the selected entries before
+   them) instead of round trips through memory.  Supported for
    B <= 64 and L <= 16; larger budgets use the torch beam
    (``tree.build_trees_from_top``) after the same Triton top-K.
 
@@ -425,7 +426,13 @@ CONFIG = {
     # (results-head-h200.txt): the one launch at batch 8 of a TP-8 shard (56
     # rows x 20480) took 106.3 us with the GEMM vs 100.3 us for "large": off
     "small_elems": 0,
-    "tree_warps": 8,
+    # tree kernel: warps (None: 4 up to 256 candidates and 64 nodes, else 8)
+    # and the register path (tree_gather).  The tree kernel alone at batch 8
+    # (profile_head.py runs c and e, results-head-h200.txt): 9.9 us, against
+    # 12.7 us for the previous register path (a load per depth, the global
+    # top-B at the end, an [N, N] ancestor mask, 8 warps) and 12.9 us
+    # through memory
+    "tree_warps": None,
     "tree_gather": True,
     # the head's rows 1..L for its GEMM (batches above full_rows_max):
     # "triton" (gather_rows) or "torch" (a strided copy); bench_head.py run 3,
@@ -743,54 +750,86 @@ def _tree_body(
     negb = tl.full([BP], -1.0e30, tl.float64)
     beam = tl.load(lpb + bb, mask=bb < K, other=0.0, cache_modifier=".cg").to(tl.float64)
     beam = tl.where(bb < K, beam, negb)
-    tl.store(sc + bb, beam)
-    tl.store(ps + bb, tl.zeros([BP], dtype=tl.int32))
-    tl.store(rk + bb, bb)
-    if not GATHER:
-        tl.debug_barrier()
     kk = tl.arange(0, KP)
-    for d in range(1, L):
-        if GATHER:  # register gathers (no round trip through memory)
-            lpd = tl.load(lpb + d * K + kk, mask=kk < K, other=0.0, cache_modifier=".cg").to(tl.float64)
+    ll = tl.arange(0, LP)
+    if GATHER:
+        # Registers: every depth's log-probs and ids loaded up front, in the
+        # beam's round trip; ps holds each beam entry's flat (parent rank * KP
+        # + token rank).  The global top-B (keys: score - EPS * depth, packed
+        # with depth * BP + rank) grows depth by depth, ascending: the top BP
+        # of an ascending and a descending list is their elementwise maximum,
+        # bitonic, sorted by one bitonic merge.  Unrolled, so that depth d's
+        # merge can overlap depth d + 1's beam.
+        lkm = (ll[:, None] < L) & (kk[None, :] < K)
+        lko = ll[:, None] * K + kk[None, :]
+        lpall = tl.reshape(tl.load(lpb + lko, mask=lkm, other=0.0, cache_modifier=".cg").to(tl.float64),
+                           [LP * KP])
+        idall = tl.reshape(tl.load(id_ptr + b * (L * K) + lko, mask=lkm, other=0, cache_modifier=".cg"),
+                           [LP * KP])
+        tl.store(ps + bb, bb)
+        gk = tl.flip(_pack64(beam, bb, 12), 0)
+        for d in tl.static_range(1, L):
             bi = tl.gather(beam, crow, 0)
-            lj = tl.gather(lpd, ccol, 0)
-        else:
+            lj = tl.gather(lpall, d * KP + ccol, 0)
+            cand = tl.where(cvalid, bi + lj, -3.0e30)
+            s, j = _unpack64(tl.topk(_pack64(cand, cflat, 12), BP), 12)
+            s = tl.where(bb < B, s, negb)
+            tl.store(ps + d * BP + bb, j)
+            kd = _pack64(s - EPS * tl.full([BP], d, tl.int32).to(tl.float64), d * BP + bb, 12)
+            gk = tl.bitonic_merge(tl.maximum(gk, kd), descending=False)
+            beam = s
+    else:
+        # through memory: scores / parent ranks / token ranks per depth
+        tl.store(sc + bb, beam)
+        tl.store(ps + bb, tl.zeros([BP], dtype=tl.int32))
+        tl.store(rk + bb, bb)
+        tl.debug_barrier()
+        for d in range(1, L):
             bi = tl.load(sc + (d - 1) * BP + crow)
             lj = tl.load(lpb + d * K + ccol, cache_modifier=".cg").to(tl.float64)
-        cand = tl.where(cvalid, bi + lj, -3.0e30)
-        t = tl.topk(_pack64(cand, cflat, 12), BP)
-        s, j = _unpack64(t, 12)
-        s = tl.where(bb < B, s, negb)
-        tl.store(sc + d * BP + bb, s)
-        tl.store(ps + d * BP + bb, j // KP)
-        tl.store(rk + d * BP + bb, j % KP)
-        beam = s
-        if not GATHER:
+            cand = tl.where(cvalid, bi + lj, -3.0e30)
+            s, j = _unpack64(tl.topk(_pack64(cand, cflat, 12), BP), 12)
+            s = tl.where(bb < B, s, negb)
+            tl.store(sc + d * BP + bb, s)
+            tl.store(ps + d * BP + bb, j // KP)
+            tl.store(rk + d * BP + bb, j % KP)
             tl.debug_barrier()
-    if GATHER:
-        tl.debug_barrier()
+    tl.debug_barrier()
 
     # global top-B over all depths (shallower first on ties), depth-major order
-    ll = tl.arange(0, LP)
     fl = ll[:, None] * BP + bb[None, :]
     lm = (ll[:, None] < L) & (bb[None, :] < BP)
-    sall = tl.load(sc + fl, mask=lm, other=0.0)
-    sall = tl.where(lm, sall, tl.full([LP, BP], -1.0e30, tl.float64))
-    key = sall - EPS * ll[:, None].to(tl.float64)
-    t = tl.topk(tl.reshape(_pack64(key, fl, 12), [LP * BP]), BP)
+    if GATHER:
+        jall = tl.reshape(tl.load(ps + fl, mask=lm, other=0), [LP * BP])
+        t = tl.flip(gk, 0)
+    else:
+        sall = tl.load(sc + fl, mask=lm, other=0.0)
+        sall = tl.where(lm, sall, tl.full([LP, BP], -1.0e30, tl.float64))
+        key = sall - EPS * ll[:, None].to(tl.float64)
+        t = tl.topk(tl.reshape(_pack64(key, fl, 12), [LP * BP]), BP)
     sv, f = _unpack64(t, 12)
     ok = (bb < B) & (sv > -1.0e29)
     fs = tl.sort(tl.where(ok, f, 1048576))
     nv = fs < 1048576
     fc = tl.where(nv, fs, 0)
     di = fc // BP
-    tl.store(pos + fc, bb + 1, mask=nv)
-    tl.debug_barrier()
-    psl = tl.load(ps + fc, mask=nv, other=0)
-    rkl = tl.load(rk + fc, mask=nv, other=0)
-    pnode = tl.load(pos + (di - 1) * BP + psl, mask=nv & (di > 0), other=0)
-    pnode = tl.where(di == 0, 0, pnode)
-    tok = tl.load(id_ptr + b * (L * K) + di * K + rkl, mask=nv, other=0, cache_modifier=".cg")
+    if GATHER:
+        # a node's parent is the selected entry f_par = (depth - 1) * BP +
+        # parent rank, at position 1 + #{selected f < f_par} of the sorted
+        # list (the tree is prefix-closed: f_par is selected)
+        jsel = tl.gather(jall, fc, 0)
+        fpar = (di - 1) * BP + jsel // KP
+        pnode = 1 + tl.sum((fs[None, :] < fpar[:, None]).to(tl.int32), 1)
+        pnode = tl.where(di == 0, 0, pnode)
+        tok = tl.gather(idall, di * KP + jsel % KP, 0)
+    else:
+        tl.store(pos + fc, bb + 1, mask=nv)
+        tl.debug_barrier()
+        psl = tl.load(ps + fc, mask=nv, other=0)
+        rkl = tl.load(rk + fc, mask=nv, other=0)
+        pnode = tl.load(pos + (di - 1) * BP + psl, mask=nv & (di > 0), other=0)
+        pnode = tl.where(di == 0, 0, pnode)
+        tok = tl.load(id_ptr + b * (L * K) + di * K + rkl, mask=nv, other=0, cache_modifier=".cg")
 
     ob = b * (B + 1)
     om = bb < B
@@ -811,18 +850,23 @@ def _tree_body(
     ii = tl.arange(0, NP)
     im = ii < (B + 1)
     cur = ii
-    vis = tl.zeros([NP, NP], dtype=tl.int1)
+    vb = vis_ptr + b * ((B + 1) * (B + 1))
     if GATHER:
+        # the request's mask zeroed, then one store per (node, ancestor)
+        zz = tl.arange(0, NP * NP)
+        tl.store(vb + zz, tl.zeros([NP * NP], dtype=tl.int8), mask=zz < (B + 1) * (B + 1))
         gi = tl.minimum(tl.maximum(ii - 1, 0), BP - 1)
         inb = (ii >= 1) & (ii <= B)
         parv = tl.where(inb, tl.gather(tl.where(nv, pnode, -1), gi, 0), -1)
         alive = (ii == 0) | (inb & (tl.gather(nv.to(tl.int32), gi, 0) != 0))
+        tl.debug_barrier()
         for _ in range(L + 1):
-            vis = vis | ((ii[None, :] == cur[:, None]) & alive[:, None])
+            tl.store(vb + ii * (B + 1) + cur, tl.full([NP], 1, tl.int8), mask=alive)
             nxt = tl.gather(parv, cur, 0)
             alive = alive & (nxt >= 0)
             cur = tl.where(alive, nxt, 0)
     else:
+        vis = tl.zeros([NP, NP], dtype=tl.int1)
         tl.debug_barrier()
         alive = im & (tl.load(val_ptr + ob + ii, mask=im, other=0) != 0)
         for _ in range(L + 1):
@@ -830,8 +874,8 @@ def _tree_body(
             nxt = tl.load(par_ptr + ob + cur, mask=alive, other=-1).to(tl.int32)
             alive = alive & (nxt >= 0)
             cur = tl.where(alive, nxt, 0)
-    vm = im[:, None] & im[None, :]
-    tl.store(vis_ptr + b * ((B + 1) * (B + 1)) + ii[:, None] * (B + 1) + ii[None, :], vis.to(tl.int8), mask=vm)
+        vm = im[:, None] & im[None, :]
+        tl.store(vb + ii[:, None] * (B + 1) + ii[None, :], vis.to(tl.int8), mask=vm)
 
 
 def tree_kernel_supported(L: int, B: int, K: int) -> bool:
@@ -965,7 +1009,7 @@ def merge_shards(gathered: torch.Tensor, tp: int, rows: int, K: int, lp: torch.T
                                       num_warps=4 if TPP * KP <= 1024 else 8)
         return None
     bs = int(tree.tokens.shape[0])
-    nw = CONFIG["tree_warps"] or 8
+    nw = 8  # the shard merge's [TP * K] rows want the warps
     _merge_shards_tree_kernel[(bs,)](
         gathered, gi, rows, tp, lp, ids, *tree.ptrs(),
         MKP=KP, TPP=TPP, HAS_ROOT=tree.has_root, L=tree.L, K=tree.K, B=tree.B, LP=tree.LP, BP=tree.BP,
