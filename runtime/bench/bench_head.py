@@ -284,7 +284,7 @@ def sweep(W, hid, ids, bs, impl):
     return res
 
 
-def timing(results):
+def timing(results, out=None):
     from sglang_ddtree import triton_kernels as tk
     from sglang_ddtree.head import DraftTreeHead
     from sglang_ddtree.worker import draft_trees
@@ -344,6 +344,10 @@ def timing(results):
                 r["error"] = repr(e)[:300]
             rows.append(r)
             log("[time] " + json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()}))
+            if out:  # what a call cut short by its time limit still brings back
+                os.makedirs(out, exist_ok=True)
+                with open(os.path.join(out, "bench_head.partial.json"), "w") as f:
+                    json.dump(dict(results, timing=rows), f, indent=1, default=str)
             torch.cuda.empty_cache()
         del W
         torch.cuda.empty_cache()
@@ -387,7 +391,7 @@ def main():
         except Exception:
             traceback.print_exc()
     log(f"  (exactness + compiles done at {time.time() - t0:.0f}s)")
-    rows = timing(res)
+    rows = timing(res, args.out)
     log(f"  (timing done at {time.time() - t0:.0f}s)")
     md = table(rows)
     md.append("")
