@@ -298,7 +298,7 @@ def timing(results, out=None):
                 _, hid, ids = rand_case(V, bs, 1000 + bs, 1.0)
                 hs = hid.view(bs, BLOCK, H)[:, 1:].reshape(bs * L, H).contiguous()
                 root = ids.view(bs, BLOCK)[:, 0].contiguous()
-                # GEMM alone (timed below, in rounds alternating with the head's graph)
+                # GEMM alone (timed below, replay by replay in alternation with the head's graph)
                 g_gemm, _ = capture_graph(lambda: torch.mm(hs, W.t()))
                 # today's eager head
                 r["old_eager_us"] = median_time(lambda: draft_trees(hid.view(bs, BLOCK, H), W, BUDGET, root),

@@ -39,7 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
-from bench_head import (BLOCK, BUDGET, H, L, capture_graph, graph_exact, median, median_time,  # noqa: E402
+from bench_head import (BLOCK, BUDGET, F, H, L, capture_graph, graph_exact, median, median_time,  # noqa: E402
                         interleaved_times, rand_case, tp8_head)
 
 V = 20480
@@ -64,20 +64,20 @@ def variants(bs):
             ("tree via memory", {"tree_gather": False}, {})]
 
 
-def tree_alone(bs, gather, depth):
-    """The tree kernel alone on fixed top-K lists (graph replay, us) and == the torch beam."""
+def tree_alone(bs, gather):
+    """The tree kernel alone on fixed top-K lists of L rows (graph replay, us) and == the torch beam."""
     from sglang_ddtree import triton_kernels as tk
     from sglang_ddtree.reference import top_log_probs
     from sglang_ddtree.tree import build_trees_from_top
 
-    gen = torch.Generator(device="cuda").manual_seed(depth)
-    x = torch.randn(bs, depth, 2048, device="cuda", generator=gen) * 3
+    gen = torch.Generator(device="cuda").manual_seed(L)
+    x = torch.randn(bs, L, 2048, device="cuda", generator=gen) * 3
     lp, ids = top_log_probs(x, BUDGET)
     root = torch.arange(bs, device="cuda")
     g, out = capture_graph(lambda: tk.build_trees_from_top_triton(lp, ids, BUDGET, root, gather=gather))
     t = median_time(g.replay, 300, rounds=5)
     ref = build_trees_from_top(lp, ids, BUDGET, root)
-    ok = all(torch.equal(getattr(out, f), getattr(ref, f)) for f in ("tokens", "parents", "depths", "visibility", "valid"))
+    ok = all(torch.equal(getattr(out, f), getattr(ref, f)) for f in F)
     del g
     return round(t, 2), ok
 
@@ -94,8 +94,7 @@ def exact_vs_default(head, hid, ids, out, bs, default_config):
         ref = build_trees(head.logits(hid), BUDGET, ids.view(bs, BLOCK)[:, 0])
     finally:
         restore(cur)
-    return all(torch.equal(getattr(out, f), getattr(ref, f))
-               for f in ("tokens", "parents", "depths", "visibility", "valid"))
+    return all(torch.equal(getattr(out, f), getattr(ref, f)) for f in F)
 
 
 def apply_config(over):
@@ -185,12 +184,12 @@ def main():
 
             g, _ = capture_graph(lambda: torch.mm(gather_rows(hid, 0, bs, BLOCK), W.t()))
             ta, tb = interleaved_times(g_gemm.replay, g.replay, 300)
-            row["gather_gemm_paired_us"] = [round(median(ta), 2), round(median(tb), 2)]
+            row["gather_gemm_interleaved_us"] = [round(median(ta), 2), round(median(tb), 2)]
             row["gather_gemm_profile"] = safe_profile(g.replay)
             del g
         log(f"[bs {bs}] gemm alone {row['gemm_us']} us: {row['gemm_profile']}")
-        if "gather_gemm_paired_us" in row:
-            log(f"[bs {bs}] gemm alone vs gather + gemm, paired: {row['gather_gemm_paired_us']}; "
+        if "gather_gemm_interleaved_us" in row:
+            log(f"[bs {bs}] gemm alone vs gather + gemm, interleaved: {row['gather_gemm_interleaved_us']}; "
                 f"{row['gather_gemm_profile']}")
         row["variants"] = {}
         for name, over, kw in variants(bs):
@@ -201,7 +200,7 @@ def main():
                 ta, tb = interleaved_times(g_gemm.replay, g.replay, 300)
                 t = median(tb)
                 ok = graph_exact(g, out, hid, ids, W, head, bs, seed=bs)
-                v = {"us": round(t, 2), "gemm_paired_us": round(median(ta), 2),
+                v = {"us": round(t, 2), "gemm_interleaved_us": round(median(ta), 2),
                      "ratio": round(median([y / x for x, y in zip(ta, tb)]), 3), "exact": ok,
                      "exact_vs_default": exact_vs_default(head, hid, ids, out, bs, saved)}
                 v["profile"] = safe_profile(g.replay)
@@ -230,7 +229,7 @@ def main():
             for reg, w in TREE_ALONE:
                 saved = apply_config({"tree_warps": w})
                 try:
-                    row["tree_alone"][f"{'registers' if reg else 'memory'} {w}w"] = tree_alone(bs, reg, 7)
+                    row["tree_alone"][f"{'registers' if reg else 'memory'} {w}w"] = tree_alone(bs, reg)
                 except Exception as e:  # noqa: BLE001
                     row["tree_alone"][f"{'registers' if reg else 'memory'} {w}w"] = repr(e)[:200]
                 finally:
