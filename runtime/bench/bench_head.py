@@ -284,7 +284,7 @@ def sweep(W, hid, ids, bs, impl):
     return res
 
 
-def timing(results, out=None):
+def timing(results, out_dir=None):
     from sglang_ddtree import triton_kernels as tk
     from sglang_ddtree.head import DraftTreeHead
     from sglang_ddtree.worker import draft_trees
@@ -315,6 +315,8 @@ def timing(results, out=None):
                 r["head_eager_us"] = median_time(lambda: head(hid, ids), reps_for(300))
                 g, out = capture_graph(lambda: head(hid, ids))
                 ta, tb = interleaved_times(g_gemm.replay, g.replay, reps_for(100 if V < 100000 else 700))
+                # cross-check: the GEMM timed on its own, back to back
+                r["gemm_alone_us"] = median_time(g_gemm.replay, reps_for(100 if V < 100000 else 700), rounds=5)
                 del g_gemm
                 r["gemm_us"], r["head_graph_us"] = median(ta), median(tb)
                 ratios = sorted(b / a for a, b in zip(ta, tb))
@@ -344,9 +346,9 @@ def timing(results, out=None):
                 r["error"] = repr(e)[:300]
             rows.append(r)
             log("[time] " + json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()}))
-            if out:  # what a call cut short by its time limit still brings back
-                os.makedirs(out, exist_ok=True)
-                with open(os.path.join(out, "bench_head.partial.json"), "w") as f:
+            if out_dir:  # what a call cut short by its time limit still brings back
+                os.makedirs(out_dir, exist_ok=True)
+                with open(os.path.join(out_dir, "bench_head.partial.json"), "w") as f:
                     json.dump(dict(results, timing=rows), f, indent=1, default=str)
             torch.cuda.empty_cache()
         del W
@@ -356,10 +358,10 @@ def timing(results, out=None):
 
 
 def table(rows):
-    md = ["| shard V | batch | GEMM alone (us) | old eager (us) | old graph (us) | head eager (us) | "
-          "**head graph (us)** | head/GEMM (range) | target <= 1.3 | old eager/head | alt config graph (us) | "
-          "TP-8 flow graph* (us) | graph replays == eager | logits (MiB) |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    md = ["| shard V | batch | GEMM alone, paired (us) | old eager (us) | old graph (us) | head eager (us) | "
+          "**head graph, paired (us)** | head/GEMM per pair (range) | target <= 1.3 | old eager/head | alt config graph (us) | "
+          "TP-8 flow graph* (us) | graph replays == eager | logits (MiB) | each alone: head/GEMM |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             md.append(f"| {r['V']} | {r['batch']} | error: {r['error'][:80]} |")
@@ -369,7 +371,9 @@ def table(rows):
                   f"{r['head_eager_us']:.1f} | **{r['head_graph_us']:.1f}** ({r['cfg']}) | "
                   f"{r['ratio']:.3f} ({r['ratio_range'][0]:.3f}-{r['ratio_range'][1]:.3f}) | "
                   f"{'yes' if r['ratio'] <= 1.3 else 'NO'} | {r['speedup_vs_old_eager']:.0f}x | "
-                  f"{r['alt_graph_us']:.1f} | {tp8} | {r['graph_ok']} | {r['logits_MiB']:.1f} |")
+                  f"{r['alt_graph_us']:.1f} | {tp8} | {r['graph_ok']} | {r['logits_MiB']:.1f} | "
+                  f"{r['head_graph_alone_us']:.1f}/{r['gemm_alone_us']:.1f} = "
+                  f"{r['head_graph_alone_us'] / r['gemm_alone_us']:.3f} |")
     return md
 
 
