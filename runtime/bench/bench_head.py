@@ -254,10 +254,17 @@ def tp8_head(W, bs, **kw):
 
 
 def candidates(bs, impl):
-    """Launch-configuration variants timed at the small shard (name, cfg, CONFIG overrides)."""
-    out = [("default", None, {}), ("tree via memory", None, {"tree_gather": False})]
+    """Launch-configuration variants timed at the small shard (name, cfg, CONFIG overrides,
+    DraftTreeHead keywords)."""
+    from sglang_ddtree import triton_kernels as tk
+
+    out = [("default", None, {}, {}), ("tree via memory", None, {"tree_gather": False}, {})]
     if impl == "v2" and bs * BLOCK > 128:  # rows 1..L copied for the GEMM: torch's strided copy instead of gather_rows
-        out += [("torch row copy", None, {"row_copy": "torch"})]
+        out += [("torch row copy", None, {"row_copy": "torch"}, {})]
+    if bs * BLOCK <= 128:  # the GEMM over rows 1..L only (gathered) instead of the whole block
+        out += [("GEMM of rows 1..L", None, {}, {"full_rows_max": 0})]
+    if impl == "v2" and bs <= 8:
+        out += [("small (v0, one launch)", tk.CONFIG["small"], {}, {})]
     return out
 
 
@@ -266,11 +273,11 @@ def sweep(W, hid, ids, bs, impl):
     from sglang_ddtree.head import DraftTreeHead
 
     res = {}
-    for name, cfg, over in candidates(bs, impl):
+    for name, cfg, over, kw in candidates(bs, impl):
         saved = json.loads(json.dumps(tk.CONFIG))
         tk.CONFIG.update(over)
         try:
-            hc = DraftTreeHead(W, BUDGET, BLOCK, max_bs=bs, cfg=cfg)
+            hc = DraftTreeHead(W, BUDGET, BLOCK, max_bs=bs, cfg=cfg, **kw)
             g, out = capture_graph(lambda: hc(hid, ids))
             t = median_time(g.replay, reps_for(100), rounds=5)
             ok = graph_exact(g, out, hid, ids, W, hc, bs, seed=7 + bs)
@@ -317,6 +324,10 @@ def timing(results, out_dir=None):
                 ta, tb = interleaved_times(g_gemm.replay, g.replay, reps_for(100 if V < 100000 else 700))
                 # cross-check: the GEMM timed on its own, back to back
                 r["gemm_alone_us"] = median_time(g_gemm.replay, reps_for(100 if V < 100000 else 700), rounds=5)
+                if r["full_block_gemm"] and V == 20480:  # the head's own GEMM (root rows too), back to back
+                    g_blk, _ = capture_graph(lambda: torch.mm(hid, W.t()))
+                    r["gemm_whole_block_alone_us"] = median_time(g_blk.replay, reps_for(100), rounds=5)
+                    del g_blk
                 del g_gemm
                 r["gemm_us"], r["head_graph_us"] = median(ta), median(tb)
                 ratios = sorted(b / a for a, b in zip(ta, tb))
@@ -338,6 +349,19 @@ def timing(results, out_dir=None):
                     g, out = capture_graph(lambda: h8(hid, ids))
                     r["tp8_graph_us"] = median_time(g.replay, reps_for(100))
                     del g
+                    # the same flow with the request's L rows merged one after another
+                    tk.CONFIG["merge_rows_2d"] = False
+                    try:
+                        g, out8 = capture_graph(lambda: h8(hid, ids))
+                        r["tp8_merge_by_row_graph_us"] = median_time(g.replay, reps_for(100))
+                        # both merges give the same trees on the same gathered buffers
+                        trees_by_row = [getattr(out8, f).clone() for f in F]
+                        tk.CONFIG["merge_rows_2d"] = True
+                        g2, out2d = capture_graph(lambda: h8(hid, ids))
+                        r["tp8_merges_agree"] = all(torch.equal(getattr(out2d, f), t) for f, t in zip(F, trees_by_row))
+                        del g, g2
+                    finally:
+                        tk.CONFIG["merge_rows_2d"] = True
                 if V == 20480 and bs <= 32:
                     r["candidates"] = sweep(W, hid, ids, bs, r["cfg"])
                 r["speedup_vs_old_eager"] = r["old_eager_us"] / r["head_graph_us"]
@@ -401,6 +425,14 @@ def main():
     md.append("")
     md.append("* TP-8 flow: rank 0's shard GEMM + shard top-K (raw values, ids, lse), the all-gather replaced "
               "by local copies of 7 other ranks' buffers (one GPU: no NCCL), merge + tree in one kernel.")
+    for r in rows:
+        if "gemm_whole_block_alone_us" in r:
+            md.append(f"GEMM alone V {r['V']} bs {r['batch']}: rows 1..L ({r['batch'] * L}) {r['gemm_alone_us']:.1f} us, "
+                      f"whole block as the head runs it ({r['batch'] * BLOCK}) {r['gemm_whole_block_alone_us']:.1f} us")
+    for r in rows:
+        if "tp8_merge_by_row_graph_us" in r:
+            md.append(f"TP-8 flow V {r['V']} bs {r['batch']}: merge of the L rows in one top-K {r['tp8_graph_us']:.1f} us, "
+                      f"row by row {r['tp8_merge_by_row_graph_us']:.1f} us, same trees: {r['tp8_merges_agree']}")
     for r in rows:
         if "candidates" in r:
             md.append(f"candidates V {r['V']} bs {r['batch']} (graph us, replays == eager): "

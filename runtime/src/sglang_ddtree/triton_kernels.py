@@ -434,6 +434,9 @@ CONFIG = {
     # through memory
     "tree_warps": None,
     "tree_gather": True,
+    # TP merge + tree kernel: a request's L rows merged by one top-K over an
+    # [L, TP * K] tile (True) or one row after another (False)
+    "merge_rows_2d": True,
     # the head's rows 1..L for its GEMM (batches above full_rows_max):
     # "triton" (gather_rows) or "torch" (a strided copy); bench_head.py run 3,
     # shard 20480 batch 32: 155.8 us vs 158.6 us for the whole head
@@ -971,6 +974,37 @@ def _merge_shards_row(g_ptr, gi_ptr, row, ROWS, TP, K, lp_ptr, id_ptr, KP: tl.co
 
 
 @triton.jit
+def _merge_shards_rows(g_ptr, gi_ptr, row0, NROW: tl.constexpr, ROWS, TP, K, lp_ptr, id_ptr,
+                       KP: tl.constexpr, TPP: tl.constexpr, RP: tl.constexpr):
+    # _merge_shards_row for rows row0 .. row0 + NROW - 1 at once: one top-K
+    # over an [RP, TP * K] tile, so the L rows of a request cost one sorting
+    # network's latency instead of L in a row
+    SEG = ROWS * (2 * K + 1)
+    d = tl.arange(0, RP)
+    dm = d < NROW
+    row = row0 + d
+    r = tl.arange(0, TPP)
+    rm = r < TP
+    rbase = r.to(tl.int64) * SEG
+    lse = tl.load(g_ptr + rbase[None, :] + 2 * ROWS * K + row[:, None], mask=dm[:, None] & rm[None, :],
+                  other=float("-inf"))
+    M = tl.max(lse, 1)
+    M_safe = tl.where(M == float("-inf"), 0.0, M)
+    glse = M_safe + tl.log(tl.sum(tl.where(rm[None, :], tl.exp(lse - M_safe[:, None]), 0.0), 1))
+    kk = tl.arange(0, KP)
+    off = rbase[None, :, None] + (row * K)[:, None, None] + kk[None, None, :]
+    m3 = dm[:, None, None] & rm[None, :, None] & (kk[None, None, :] < K)
+    v = tl.load(g_ptr + off, mask=m3, other=-3.3e38)
+    ids = tl.load(gi_ptr + off + ROWS * K, mask=m3, other=0)
+    t = tl.topk(tl.reshape(_pack64(v, ids, 29), [RP, TPP * KP]), KP)
+    val, tid = _unpack64(t, 29)
+    km = dm[:, None] & (kk[None, :] < K)
+    o = (row * K)[:, None] + kk[None, :]
+    tl.store(lp_ptr + o, val.to(tl.float32) - glse[:, None], mask=km)
+    tl.store(id_ptr + o, tid.to(tl.int64), mask=km)
+
+
+@triton.jit
 def _merge_shards_kernel(g_ptr, gi_ptr, ROWS, TP, K, lp_ptr, id_ptr, KP: tl.constexpr, TPP: tl.constexpr):
     _merge_shards_row(g_ptr, gi_ptr, tl.program_id(0), ROWS, TP, K, lp_ptr, id_ptr, KP, TPP)
 
@@ -979,7 +1013,7 @@ def _merge_shards_kernel(g_ptr, gi_ptr, ROWS, TP, K, lp_ptr, id_ptr, KP: tl.cons
 def _merge_shards_tree_kernel(
     g_ptr, gi_ptr, ROWS, TP, lp_ptr, id_ptr, root_ptr,
     sc_ptr, ps_ptr, rk_ptr, pos_ptr, tok_ptr, par_ptr, dep_ptr, val_ptr, vis_ptr,
-    MKP: tl.constexpr, TPP: tl.constexpr,
+    MKP: tl.constexpr, TPP: tl.constexpr, MERGE2D: tl.constexpr, MRP: tl.constexpr,
     HAS_ROOT: tl.constexpr, L: tl.constexpr, K: tl.constexpr, B: tl.constexpr,
     LP: tl.constexpr, BP: tl.constexpr, KP: tl.constexpr, NP: tl.constexpr,
     CP: tl.constexpr, EPS: tl.constexpr, GATHER: tl.constexpr, RS: tl.constexpr,
@@ -987,8 +1021,11 @@ def _merge_shards_tree_kernel(
     # one program per request: merge its L rows, then build its tree (what
     # the program wrote is visible to it after the barrier; read with .cg)
     b = tl.program_id(0)
-    for d in tl.static_range(L):
-        _merge_shards_row(g_ptr, gi_ptr, b * L + d, ROWS, TP, K, lp_ptr, id_ptr, MKP, TPP)
+    if MERGE2D:
+        _merge_shards_rows(g_ptr, gi_ptr, b * L, L, ROWS, TP, K, lp_ptr, id_ptr, MKP, TPP, MRP)
+    else:
+        for d in tl.static_range(L):
+            _merge_shards_row(g_ptr, gi_ptr, b * L + d, ROWS, TP, K, lp_ptr, id_ptr, MKP, TPP)
     tl.debug_barrier()
     _tree_body(b, lp_ptr, id_ptr, root_ptr, sc_ptr, ps_ptr, rk_ptr, pos_ptr,
                tok_ptr, par_ptr, dep_ptr, val_ptr, vis_ptr,
@@ -1012,7 +1049,8 @@ def merge_shards(gathered: torch.Tensor, tp: int, rows: int, K: int, lp: torch.T
     nw = 8  # the shard merge's [TP * K] rows want the warps
     _merge_shards_tree_kernel[(bs,)](
         gathered, gi, rows, tp, lp, ids, *tree.ptrs(),
-        MKP=KP, TPP=TPP, HAS_ROOT=tree.has_root, L=tree.L, K=tree.K, B=tree.B, LP=tree.LP, BP=tree.BP,
+        MKP=KP, TPP=TPP, MERGE2D=bool(CONFIG["merge_rows_2d"]), MRP=max(2, _next_pow2(tree.L)),
+        HAS_ROOT=tree.has_root, L=tree.L, K=tree.K, B=tree.B, LP=tree.LP, BP=tree.BP,
         KP=tree.KP, NP=tree.NP, CP=tree.CP, EPS=DEPTH_EPS, GATHER=tree.gather, RS=tree.rstride, num_warps=nw,
     )
     return tree.trees()
