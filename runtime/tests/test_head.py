@@ -85,6 +85,18 @@ for (bs, blk, H, V, B, dt, tp, cfg, frm, mlb, ties) in cases:
             assert tr.paths(i) == build_tree(logits[i], B).paths(), (bs, V, B, tp)
     assert int(tk._counters(W.device, 1).abs().sum()) == 0
     n += 1
+# the TP merge + tree kernel's two shard merges (a request's L rows in one top-K over an
+# [L, TP * K] tile, the default, or row by row) build the same trees, ties included
+for m2d in (False, True):
+    tk.CONFIG["merge_rows_2d"] = m2d
+    hid = torch.randint(-2, 3, (2, 5, 8), generator=g).to(torch.bfloat16)
+    W = torch.randint(-2, 3, (40, 8), generator=g).to(torch.bfloat16)
+    ids = torch.randint(0, 40, (2, 5), generator=g)
+    tr, b = simulate_tp(W, 3, hid.view(10, 8), ids.view(-1), budget=12, block_size=5, cfg=LARGE, full_rows_max=1000)
+    logits = torch.cat([hid[:, 1:].reshape(-1, 8) @ W[b[r]:b[r + 1]].T for r in range(3)], -1).view(2, 4, 40)
+    ref = build_trees(logits, 12, ids[:, 0], impl="triton")
+    for f in F:
+        assert torch.equal(getattr(tr, f), getattr(ref, f)), ("merge_rows_2d", m2d, f)
 # every top-K configuration lists the first K by packed-key order: value, then for
 # equal values the larger index first (v >= +0) / the smaller first (v < 0) -- the
 # order that makes a merge of vocabulary shards agree with one kernel over the row
