@@ -435,7 +435,9 @@ CONFIG = {
     "tree_warps": None,
     "tree_gather": True,
     # TP merge + tree kernel: a request's L rows merged by one top-K over an
-    # [L, TP * K] tile (True) or one row after another (False)
+    # [L, TP * K] tile (True) or one row after another (False).  TP-8 flow at
+    # batch 8 of the 20480 shard (bench_head.py runs 6 and 7): 100-106 us vs
+    # 112-117 us, the same trees
     "merge_rows_2d": True,
     # the head's rows 1..L for its GEMM (batches above full_rows_max):
     # "triton" (gather_rows) or "torch" (a strided copy); bench_head.py run 3,
