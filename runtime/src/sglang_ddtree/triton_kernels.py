@@ -948,39 +948,17 @@ def gather_rows(hid: torch.Tensor, c0: int, c1: int, block: int) -> torch.Tensor
 
 
 @triton.jit
-def _merge_shards_row(g_ptr, gi_ptr, row, ROWS, TP, K, lp_ptr, id_ptr, KP: tl.constexpr, TPP: tl.constexpr):
+def _merge_shards_rows(g_ptr, gi_ptr, row0, NROW: tl.constexpr, ROWS, TP, K, lp_ptr, id_ptr,
+                       KP: tl.constexpr, TPP: tl.constexpr, RP: tl.constexpr):
+    # Rows row0 .. row0 + NROW - 1 (RP >= NROW, a power of 2) in one top-K
+    # over an [RP, TP * K] tile: the L rows of a request cost one sorting
+    # network's latency instead of L in a row.
     # Gathered send buffers, rank r's at r * SEG (SEG = ROWS * (2K + 1)):
     # raw top values f32 [ROWS, K], global ids int32 [ROWS, K] (the same
-    # bytes, read through gi_ptr), logsumexp f32 [ROWS].  The row's top-K of
+    # bytes, read through gi_ptr), logsumexp f32 [ROWS].  A row's top-K of
     # the whole vocabulary lies in the union of the shards' top-K; keys carry
     # the global id (fp64, 29 low bits), so ties are ordered as within one
     # shard.  Global logsumexp = logsumexp of the shards' ones.
-    SEG = ROWS * (2 * K + 1)
-    r = tl.arange(0, TPP)
-    rm = r < TP
-    rbase = r.to(tl.int64) * SEG
-    lse = tl.load(g_ptr + rbase + 2 * ROWS * K + row, mask=rm, other=float("-inf"))
-    M = tl.max(lse, 0)
-    M_safe = tl.where(M == float("-inf"), 0.0, M)
-    glse = M_safe + tl.log(tl.sum(tl.where(rm, tl.exp(lse - M_safe), 0.0), 0))
-    kk = tl.arange(0, KP)
-    off = rbase[:, None] + row * K + kk[None, :]
-    m2 = rm[:, None] & (kk[None, :] < K)
-    v = tl.load(g_ptr + off, mask=m2, other=-3.3e38)
-    ids = tl.load(gi_ptr + off + ROWS * K, mask=m2, other=0)
-    t = tl.topk(tl.reshape(_pack64(v, ids, 29), [TPP * KP]), KP)
-    val, tid = _unpack64(t, 29)
-    km = kk < K
-    tl.store(lp_ptr + row * K + kk, val.to(tl.float32) - glse, mask=km)
-    tl.store(id_ptr + row * K + kk, tid.to(tl.int64), mask=km)
-
-
-@triton.jit
-def _merge_shards_rows(g_ptr, gi_ptr, row0, NROW: tl.constexpr, ROWS, TP, K, lp_ptr, id_ptr,
-                       KP: tl.constexpr, TPP: tl.constexpr, RP: tl.constexpr):
-    # _merge_shards_row for rows row0 .. row0 + NROW - 1 at once: one top-K
-    # over an [RP, TP * K] tile, so the L rows of a request cost one sorting
-    # network's latency instead of L in a row
     SEG = ROWS * (2 * K + 1)
     d = tl.arange(0, RP)
     dm = d < NROW
@@ -1008,7 +986,7 @@ def _merge_shards_rows(g_ptr, gi_ptr, row0, NROW: tl.constexpr, ROWS, TP, K, lp_
 
 @triton.jit
 def _merge_shards_kernel(g_ptr, gi_ptr, ROWS, TP, K, lp_ptr, id_ptr, KP: tl.constexpr, TPP: tl.constexpr):
-    _merge_shards_row(g_ptr, gi_ptr, tl.program_id(0), ROWS, TP, K, lp_ptr, id_ptr, KP, TPP)
+    _merge_shards_rows(g_ptr, gi_ptr, tl.program_id(0), 1, ROWS, TP, K, lp_ptr, id_ptr, KP, TPP, 1)
 
 
 @triton.jit
@@ -1027,7 +1005,7 @@ def _merge_shards_tree_kernel(
         _merge_shards_rows(g_ptr, gi_ptr, b * L, L, ROWS, TP, K, lp_ptr, id_ptr, MKP, TPP, MRP)
     else:
         for d in tl.static_range(L):
-            _merge_shards_row(g_ptr, gi_ptr, b * L + d, ROWS, TP, K, lp_ptr, id_ptr, MKP, TPP)
+            _merge_shards_rows(g_ptr, gi_ptr, b * L + d, 1, ROWS, TP, K, lp_ptr, id_ptr, MKP, TPP, 1)
     tl.debug_barrier()
     _tree_body(b, lp_ptr, id_ptr, root_ptr, sc_ptr, ps_ptr, rk_ptr, pos_ptr,
                tok_ptr, par_ptr, dep_ptr, val_ptr, vis_ptr,
@@ -1037,7 +1015,7 @@ def _merge_shards_tree_kernel(
 def merge_shards(gathered: torch.Tensor, tp: int, rows: int, K: int, lp: torch.Tensor, ids: torch.Tensor,
                  tree: "_TreeLaunch" = None):
     """Exact merge of ``tp`` gathered shard buffers (float32 ``[tp * rows * (2K + 1)]``,
-    layout in :func:`_merge_shards_row`) into top-K log-probabilities ``lp``
+    layout in :func:`_merge_shards_rows`) into top-K log-probabilities ``lp``
     (float32 ``[rows, K]``) and ids (int64); with ``tree`` (rows = bs * L) the
     same launch builds the trees."""
     gi = gathered.view(torch.int32)
