@@ -258,30 +258,38 @@ def candidates(bs, impl):
     DraftTreeHead keywords)."""
     from sglang_ddtree import triton_kernels as tk
 
-    out = [("default", None, {}, {}), ("tree via memory", None, {"tree_gather": False}, {})]
-    if impl == "v2" and bs * BLOCK > 128:  # rows 1..L copied for the GEMM: torch's strided copy instead of gather_rows
-        out += [("torch row copy", None, {"row_copy": "torch"}, {})]
-    if bs * BLOCK <= 128:  # the GEMM over rows 1..L only (gathered) instead of the whole block
-        out += [("GEMM of rows 1..L", None, {}, {"full_rows_max": 0})]
-    if impl == "v2" and bs <= 8:
-        out += [("small (v0, one launch)", tk.CONFIG["small"], {}, {})]
+    out = [("default", None, {}, {})]
+    pdl = bs * L <= int(tk.CONFIG.get("pdl_rows_max") or 0)
+    out += [("no PDL" if pdl else "PDL", None, {"pdl_rows_max": 0 if pdl else bs * L}, {})]
+    if bs * BLOCK <= 64:  # the Triton GEMM's rows (CONFIG head_gemm): cuBLAS instead, with and without PDL
+        out += [("cuBLAS GEMM", None, {"head_gemm": {}}, {}),
+                ("cuBLAS GEMM, no PDL (stop 27)", None, {"head_gemm": {}, "pdl_rows_max": 0}, {})]
+    if bs * BLOCK == 64:
+        out += [("Triton GEMM 4 warps", None, {"head_gemm": {**tk.CONFIG["head_gemm"], 64: (256, 64, 4, 4)}}, {})]
     return out
 
 
-def sweep(W, hid, ids, bs, impl):
+def sweep(W, hid, ids, bs, impl, g_gemm=None):
+    """{name: [graph us, replays == eager, head/GEMM per pair]}: each candidate's graph
+    replayed in alternation with the GEMM's (``g_gemm``), as the main timing."""
     from sglang_ddtree import triton_kernels as tk
     from sglang_ddtree.head import DraftTreeHead
 
     res = {}
     for name, cfg, over, kw in candidates(bs, impl):
         saved = json.loads(json.dumps(tk.CONFIG))
+        saved["head_gemm"] = dict(tk.CONFIG["head_gemm"])  # int keys (JSON makes them strings)
         tk.CONFIG.update(over)
         try:
             hc = DraftTreeHead(W, BUDGET, BLOCK, max_bs=bs, cfg=cfg, **kw)
             g, out = capture_graph(lambda: hc(hid, ids))
-            t = median_time(g.replay, reps_for(100), rounds=5)
+            if g_gemm is None:
+                t, ratio = median_time(g.replay, reps_for(100), rounds=5), None
+            else:
+                ta, tb = interleaved_times(g_gemm.replay, g.replay, reps_for(100 if W.shape[0] < 100000 else 700))
+                t, ratio = median(tb), round(median([b / a for a, b in zip(ta, tb)]), 3)
             ok = graph_exact(g, out, hid, ids, W, hc, bs, seed=7 + bs)
-            res[name] = [round(t, 2), ok]
+            res[name] = [round(t, 2), ok, ratio]
             del g
         except Exception as e:  # noqa: BLE001
             res[name] = ["error", repr(e)[:200]]
@@ -291,7 +299,31 @@ def sweep(W, hid, ids, bs, impl):
     return res
 
 
-def timing(results, out_dir=None):
+def candidates_only(shards, batches, out_dir):
+    """Only the candidates' sweep (paired with the GEMM), per shard and batch."""
+    rows = []
+    for V in shards:
+        W, _, _ = rand_case(V, 1, 7 + V, 1.0)
+        for bs in batches:
+            from sglang_ddtree import triton_kernels as tk
+
+            _, hid, ids = rand_case(V, bs, 1000 + bs, 1.0)
+            hs = hid.view(bs, BLOCK, H)[:, 1:].reshape(bs * L, H).contiguous()
+            g_gemm, _ = capture_graph(lambda: torch.mm(hs, W.t()))
+            impl = tk.regime_config(bs * L, V)["impl"]
+            r = {"V": V, "batch": bs, "cfg": impl, "candidates": sweep(W, hid, ids, bs, impl, g_gemm)}
+            del g_gemm
+            log("[cand] " + json.dumps(r))
+            rows.append(r)
+            os.makedirs(out_dir, exist_ok=True)
+            with open(os.path.join(out_dir, "bench_head_candidates.json"), "w") as f:
+                json.dump(rows, f, indent=1)
+            torch.cuda.empty_cache()
+        W = None  # the shard weight freed before the next one is made
+    return rows
+
+
+def timing(results, out_dir=None, sweep_candidates=True):
     from sglang_ddtree import triton_kernels as tk
     from sglang_ddtree.head import DraftTreeHead
     from sglang_ddtree.worker import draft_trees
@@ -324,10 +356,17 @@ def timing(results, out_dir=None):
                 ta, tb = interleaved_times(g_gemm.replay, g.replay, reps_for(100 if V < 100000 else 700))
                 # cross-check: the GEMM timed on its own, back to back
                 r["gemm_alone_us"] = median_time(g_gemm.replay, reps_for(100 if V < 100000 else 700), rounds=5)
-                if r["full_block_gemm"] and V == 20480:  # the head's own GEMM (root rows too), back to back
+                if r["full_block_gemm"] and V == 20480:  # cuBLAS on the whole block (root rows too), back to back
                     g_blk, _ = capture_graph(lambda: torch.mm(hid, W.t()))
                     r["gemm_whole_block_alone_us"] = median_time(g_blk.replay, reps_for(100), rounds=5)
                     del g_blk
+                grows = bs * BLOCK if r["full_block_gemm"] else bs * L
+                if r["gemm_chunks"] == 1 and tk.head_gemm_config(grows, V, H, W.dtype) is not None:
+                    # the head's own GEMM: the Triton one at these rows (CONFIG head_gemm), back to back
+                    g_hg, _ = capture_graph(lambda: head._gemm_rows(hid, 0, bs, r["full_block_gemm"])[0])
+                    r["head_triton_gemm_alone_us"] = median_time(g_hg.replay, reps_for(100 if V < 100000 else 700),
+                                                                 rounds=5)
+                    del g_hg
                 del g_gemm
                 r["gemm_us"], r["head_graph_us"] = median(ta), median(tb)
                 ratios = sorted(b / a for a, b in zip(ta, tb))
@@ -362,8 +401,10 @@ def timing(results, out_dir=None):
                         del g, g2
                     finally:
                         tk.CONFIG["merge_rows_2d"] = True
-                if V == 20480 and bs <= 32:
-                    r["candidates"] = sweep(W, hid, ids, bs, r["cfg"])
+                if V == 20480 and sweep_candidates:
+                    g_gemm, _ = capture_graph(lambda: torch.mm(hs, W.t()))
+                    r["candidates"] = sweep(W, hid, ids, bs, r["cfg"], g_gemm)
+                    del g_gemm
                 r["speedup_vs_old_eager"] = r["old_eager_us"] / r["head_graph_us"]
             except Exception as e:  # noqa: BLE001
                 traceback.print_exc()
@@ -375,7 +416,7 @@ def timing(results, out_dir=None):
                 with open(os.path.join(out_dir, "bench_head.partial.json"), "w") as f:
                     json.dump(dict(results, timing=rows), f, indent=1, default=str)
             torch.cuda.empty_cache()
-        del W
+        W = None  # the shard weight freed before the next one is made
         torch.cuda.empty_cache()
     results["timing"] = rows
     return rows
@@ -406,12 +447,21 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--workers", type=int, default=12)
     ap.add_argument("--skip-exact", action="store_true")
+    ap.add_argument("--candidates-only", action="store_true",
+                    help="only the launch-configuration sweep (paired with the GEMM), no exactness")
+    ap.add_argument("--no-candidates", action="store_true", help="the full run without the candidates' sweep")
+    ap.add_argument("--shards", type=int, nargs="*", default=list(SHARDS))
+    ap.add_argument("--batches", type=int, nargs="*", default=list(BATCHES))
     args = ap.parse_args()
     import triton
 
     log(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}, "
         f"SMs {torch.cuda.get_device_properties(0).multi_processor_count}")
     t0 = time.time()
+    if args.candidates_only:
+        candidates_only(args.shards, args.batches, args.out)
+        log(f"total {time.time() - t0:.0f}s")
+        return
     res = {}
     if not args.skip_exact:
         try:
@@ -419,7 +469,7 @@ def main():
         except Exception:
             traceback.print_exc()
     log(f"  (exactness + compiles done at {time.time() - t0:.0f}s)")
-    rows = timing(res, args.out)
+    rows = timing(res, args.out, sweep_candidates=not args.no_candidates)
     log(f"  (timing done at {time.time() - t0:.0f}s)")
     md = table(rows)
     md.append("")
@@ -427,16 +477,19 @@ def main():
               "by local copies of 7 other ranks' buffers (one GPU: no NCCL), merge + tree in one kernel.")
     for r in rows:
         if "gemm_whole_block_alone_us" in r:
-            md.append(f"GEMM alone V {r['V']} bs {r['batch']}: rows 1..L ({r['batch'] * L}) {r['gemm_alone_us']:.1f} us, "
-                      f"whole block as the head runs it ({r['batch'] * BLOCK}) {r['gemm_whole_block_alone_us']:.1f} us")
+            hg = (f", the head's Triton GEMM on it {r['head_triton_gemm_alone_us']:.1f} us"
+                  if "head_triton_gemm_alone_us" in r else "")
+            md.append(f"GEMM alone V {r['V']} bs {r['batch']}: cuBLAS on rows 1..L ({r['batch'] * L}) "
+                      f"{r['gemm_alone_us']:.1f} us, on the whole block ({r['batch'] * BLOCK}) "
+                      f"{r['gemm_whole_block_alone_us']:.1f} us{hg}")
     for r in rows:
         if "tp8_merge_by_row_graph_us" in r:
             md.append(f"TP-8 flow V {r['V']} bs {r['batch']}: merge of the L rows in one top-K {r['tp8_graph_us']:.1f} us, "
                       f"row by row {r['tp8_merge_by_row_graph_us']:.1f} us, same trees: {r['tp8_merges_agree']}")
     for r in rows:
         if "candidates" in r:
-            md.append(f"candidates V {r['V']} bs {r['batch']} (graph us, replays == eager): "
-                      + "; ".join(f"{k} {v[0]} {v[1]}" for k, v in r["candidates"].items()))
+            md.append(f"candidates V {r['V']} bs {r['batch']} (graph us, replays == eager, head/GEMM per pair): "
+                      + "; ".join(f"{k} {' '.join(str(x) for x in v)}" for k, v in r["candidates"].items()))
     log("\n".join(md))
     ok = [r for r in rows if "error" not in r]
     if ok:

@@ -42,7 +42,7 @@ F = ("tokens", "parents", "depths", "visibility", "valid")
 SMALL = {"impl": "v0", "chunk": 256, "mpack32": True, "fuse": True, "tree": True}
 LARGE = {"impl": "v2", "chunk": 256, "S": 16, "epack32": True, "hier": 4, "ecap": 64}
 V0_NOFUSE = {"impl": "v0", "chunk": 128, "mpack32": False}
-n = 0
+n = n_gemm = 0
 # (bs, block, H, V, B, dtype, tp, cfg, full_rows_max, max_logits_bytes, ties)
 cases = [
     (2, 4, 16, 700, 8, torch.bfloat16, 1, SMALL, 1000, None, True),
@@ -55,6 +55,9 @@ cases = [
     (1, 4, 8, 400, 8, torch.float32, 3, V0_NOFUSE, 0, None, False),
     (2, 3, 8, 200, 70, torch.float32, 1, LARGE, 1000, None, False),  # B > 64: torch beam
     (2, 3, 8, 200, 70, torch.bfloat16, 2, SMALL, 0, None, True),
+    # the Triton GEMM (up to 64 rows; shard and H divisible by its blocks), TP 1 and 2
+    (2, 4, 32, 512, 8, torch.bfloat16, 1, LARGE, 1000, None, False),
+    (3, 4, 32, 1024, 12, torch.bfloat16, 2, SMALL, 1000, None, True),
 ]
 for (bs, blk, H, V, B, dt, tp, cfg, frm, mlb, ties) in cases:
     L = blk - 1
@@ -66,11 +69,16 @@ for (bs, blk, H, V, B, dt, tp, cfg, frm, mlb, ties) in cases:
         W = torch.randn(V, H, generator=g).to(dt)
     ids = torch.randint(0, V, (bs, blk), generator=g)
     kw = dict(cfg=cfg, full_rows_max=frm, max_logits_bytes=mlb or (1 << 30))
+    gemm = tk.head_gemm_config(bs * blk if frm else bs * L, V // tp, H, dt) is not None and V % tp == 0
     if tp == 1:
         h = DraftTreeHead(W, B, blk, max_bs=4, **kw)
         assert h.use_triton
         tr = h(hid.view(bs * blk, H), ids.view(-1))
         logits = (hid[:, 1:].reshape(-1, H) @ W.T).view(bs, L, V)
+        if gemm:  # the head's own logits (the Triton GEMM sums in another order), close to torch's
+            hl = h.logits(hid.view(bs * blk, H))
+            assert (hl.float() - logits.float()).abs().max() <= 0.02 * logits.float().abs().max(), (bs, V, H)
+            logits = hl
         if mlb:
             assert h.chunk_requests(bs)[1] < bs
         assert torch.equal(h.trees(bs).tokens, tr.tokens)
@@ -85,6 +93,22 @@ for (bs, blk, H, V, B, dt, tp, cfg, frm, mlb, ties) in cases:
             assert tr.paths(i) == build_tree(logits[i], B).paths(), (bs, V, B, tp)
     assert int(tk._counters(W.device, 1).abs().sum()) == 0
     n += 1
+    n_gemm += int(gemm)
+assert n_gemm == 2, n_gemm
+# the Triton GEMM alone against fp32 products (16-bit operands; one block of N and K
+# halved to divide the shapes; fp32 and shapes no block divides -> cuBLAS / torch)
+for (M, N, K, dt) in [(8, 512, 64, torch.bfloat16), (33, 256, 48, torch.float16), (64, 768, 128, torch.bfloat16)]:
+    x = torch.randn(M, K, generator=g).to(dt)
+    w = torch.randn(N, K, generator=g).to(dt)
+    c = tk.head_gemm_config(M, N, K, dt)
+    assert c is not None and N % c[1] == 0 and K % c[2] == 0, (M, N, K, c)
+    got = tk.head_gemm(x, w, c)
+    ref = x.float() @ w.float().T
+    assert got.dtype == dt and got.shape == (M, N)
+    assert ((got.float() - ref).abs() <= 0.01 * ref.abs() + 0.05).all(), (M, N, K, dt)
+assert tk.head_gemm_config(8, 512, 64, torch.float32) is None
+assert tk.head_gemm_config(128, 512, 64, torch.bfloat16) is None  # 128 rows and up: cuBLAS
+assert tk.head_gemm_config(8, 500, 64, torch.bfloat16) is None
 # the TP merge + tree kernel's two shard merges (a request's L rows in one top-K over an
 # [L, TP * K] tile, the default, or row by row) build the same trees, ties included
 for m2d in (False, True):
@@ -134,7 +158,7 @@ def test_head_in_triton_interpreter():
     env.pop("SGLANG_DDTREE_DISABLE_TRITON", None)
     p = subprocess.run([sys.executable, "-c", textwrap.dedent(CODE)], capture_output=True, text=True,
                        env=env, timeout=900)
-    assert p.returncode == 0 and p.stdout.strip().endswith("OK 10"), p.stdout[-2000:] + p.stderr[-4000:]
+    assert p.returncode == 0 and p.stdout.strip().endswith("OK 12"), p.stdout[-2000:] + p.stderr[-4000:]
 
 
 @pytest.mark.parametrize("tp", [1, 2, 3])

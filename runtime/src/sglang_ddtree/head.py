@@ -6,7 +6,9 @@ input_ids [bs * block])`` (position 0 of each block = the bonus token = the
 root), and returns the batch's :class:`~sglang_ddtree.tree.DDTrees`.  Per call,
 on this rank's vocabulary shard ``weight [V_shard, H]``:
 
-1. **LM-head GEMM into logits of the weight's dtype** (bf16): ``torch.mm``.  Small
+1. **LM-head GEMM into logits of the weight's dtype** (bf16): up to 64 rows a
+   Triton GEMM (``triton_kernels.head_gemm``: faster than cuBLAS there, bound by
+   reading the weight), else ``torch.mm``.  Small
    batches (``bs * block <= full_rows_max``, where the GEMM is bound by
    reading the weight) multiply the whole block, root rows included, and the
    top-K reads rows 1..L in place; larger ones copy rows 1..L first (no
@@ -200,7 +202,20 @@ class DraftTreeHead:
                 x = hid.view(-1, self.block, self.H)[c0:c1, 1:].reshape((c1 - c0) * self.L, self.H)
         if x.dtype != W.dtype:
             x = x.to(W.dtype)
+        if self.use_triton:
+            from . import triton_kernels as tk
+
+            gcfg = tk.head_gemm_config(int(x.shape[0]), self.Vs, self.H, W.dtype)
+            if gcfg is not None:
+                return tk.head_gemm(x, W, gcfg, pdl=self._pdl(c1 - c0)), rowmap
         return torch.mm(x, W.t()), rowmap
+
+    def _pdl(self, n: int) -> bool:
+        """Programmatic dependent launch for a chunk of ``n`` requests (few rows:
+        the launches overlap the kernel before; ``CONFIG["pdl_rows_max"]``)."""
+        from . import triton_kernels as tk
+
+        return n * self.L <= int(tk.CONFIG.get("pdl_rows_max") or 0) and tk.pdl_supported(self.device)
 
     def _send_views(self, send, rows):
         K = self.K
@@ -235,10 +250,11 @@ class DraftTreeHead:
             logits, rowmap = self._gemm_rows(hid, c0, c1, full)
             cfg = self.cfg or tk.regime_config(n * L, self.Vs)
             r0, r1 = c0 * L, c1 * L
+            pdl = self._pdl(n)
             if self.tp > 1:
                 if self.Ks == K:
                     tk.topk_rows(logits, n * L, K, s_val[r0:r1], s_id[r0:r1], cfg=cfg, rowmap=rowmap,
-                                 raw=(s_lse[r0:r1], self.vocab_start))
+                                 raw=(s_lse[r0:r1], self.vocab_start), pdl=pdl)
                 else:
                     tv = torch.empty((n * L, self.Ks), dtype=torch.float32, device=dev)
                     ti = torch.empty((n * L, self.Ks), dtype=torch.int32, device=dev)
@@ -249,15 +265,15 @@ class DraftTreeHead:
                 continue
             lp_c, id_c = lp[c0:c1].view(n * L, K), ids[c0:c1].view(n * L, K)
             if not tree_ok:
-                tk.topk_rows(logits, n * L, K, lp_c, id_c, cfg=cfg, rowmap=rowmap)
+                tk.topk_rows(logits, n * L, K, lp_c, id_c, cfg=cfg, rowmap=rowmap, pdl=pdl)
                 continue
             r = None if root is None else root[c0:c1]
             tr = tk._TreeLaunch(n, L, K, B, r, dev, out={k: v[c0:c1] for k, v in out.items()})
             if tk.fused_tree(cfg, B):
-                tk.topk_rows(logits, n * L, K, lp_c, id_c, cfg=cfg, rowmap=rowmap, nreq=n, _tree=tr)
+                tk.topk_rows(logits, n * L, K, lp_c, id_c, cfg=cfg, rowmap=rowmap, nreq=n, pdl=pdl, _tree=tr)
             else:
-                tk.topk_rows(logits, n * L, K, lp_c, id_c, cfg=cfg, rowmap=rowmap)
-                tk._launch_tree(lp_c.view(n, L, K), id_c.view(n, L, K), tr)
+                tk.topk_rows(logits, n * L, K, lp_c, id_c, cfg=cfg, rowmap=rowmap, pdl=pdl)
+                tk._launch_tree(lp_c.view(n, L, K), id_c.view(n, L, K), tr, pdl=pdl)
         if self.tp > 1:
             g = self._gather(send)
             if tree_ok:

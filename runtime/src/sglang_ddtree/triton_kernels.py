@@ -35,10 +35,12 @@ No host synchronisation, static shapes: safe inside CUDA-graph capture.
 
 from __future__ import annotations
 
+import os
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import cuda as tl_cuda
 
 from .tree import DEPTH_EPS, DDTrees
 
@@ -46,6 +48,22 @@ from .tree import DEPTH_EPS, DDTrees
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
+
+
+@triton.jit
+def _pdl_start(PDL: tl.constexpr):
+    # programmatic dependent launch (PDL): let the next kernel of the stream
+    # launch now (its programs wait in turn), then wait until the previous
+    # kernel has completed and its writes are visible -- the launch and the
+    # start of each kernel overlap the one before instead of following it
+    if PDL:
+        tl_cuda.gdc_launch_dependents()
+        tl_cuda.gdc_wait()
+
+
+def _pdl_args(pdl: bool) -> dict:
+    """Launch keywords of a kernel with a ``PDL`` parameter."""
+    return {"PDL": True, "launch_pdl": True} if pdl else {"PDL": False}
 
 
 @triton.jit
@@ -93,8 +111,9 @@ def _topk_chunk_kernel(
     FUSE: tl.constexpr, NCP: tl.constexpr, MPACK32: tl.constexpr, MBITS: tl.constexpr,
     TREE: tl.constexpr, HAS_ROOT: tl.constexpr, TL: tl.constexpr, TK: tl.constexpr, TB: tl.constexpr,
     LP: tl.constexpr, BP: tl.constexpr, TKP: tl.constexpr, NP: tl.constexpr, CP: tl.constexpr,
-    EPS: tl.constexpr, GATHER: tl.constexpr, RS: tl.constexpr, RAW: tl.constexpr,
+    EPS: tl.constexpr, GATHER: tl.constexpr, RS: tl.constexpr, RAW: tl.constexpr, PDL: tl.constexpr,
 ):
+    _pdl_start(PDL)
     row = tl.program_id(0)
     c = tl.program_id(1)
     base = x_ptr + _xrow(row, RL, RB, RO).to(tl.int64) * stride_row
@@ -229,7 +248,9 @@ def _store_top(lp_ptr, id_ptr, lse_ptr, row, K, k, val, ids, lse, id_off, RAW: t
 def _topk_merge_kernel(
     val_ptr, idx_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, NCHUNK, K, lse_ptr, id_off,
     NCP: tl.constexpr, KP: tl.constexpr, MPACK32: tl.constexpr, MBITS: tl.constexpr, RAW: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    _pdl_start(PDL)
     _merge_row(val_ptr, idx_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, tl.program_id(0), NCHUNK, K, lse_ptr, id_off,
                NCP, KP, MPACK32, MBITS, False, RAW)
 
@@ -238,13 +259,14 @@ def _topk_merge_kernel(
 def _groupmax_kernel(
     x_ptr, stride_row, V, NCHUNK, NGP, RL, RB, RO,
     gm_ptr, m_ptr, s_ptr,
-    CHUNK: tl.constexpr, S: tl.constexpr, EVEN: tl.constexpr, LOAD2D: tl.constexpr,
+    CHUNK: tl.constexpr, S: tl.constexpr, EVEN: tl.constexpr, LOAD2D: tl.constexpr, PDL: tl.constexpr,
 ):
     # v2 stage 1 (streaming, no sorting): each program reads CHUNK logits once
     # and writes the maxima of its CHUNK // S contiguous groups of S, its max
     # and its sum(exp(x - max)).  -inf is clamped on the group maxima only
     # (one operation per group, not per element); groups wholly past V get
     # -3.3e38, below any real group.
+    _pdl_start(PDL)
     row = tl.program_id(0)
     c = tl.program_id(1)
     base = x_ptr + _xrow(row, RL, RB, RO).to(tl.int64) * stride_row
@@ -283,8 +305,9 @@ def _group_select_kernel(
     gm_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, K, scr_ptr, lse_ptr, id_off,
     NCP: tl.constexpr, NGP: tl.constexpr, S: tl.constexpr, KP: tl.constexpr,
     GPACK64: tl.constexpr, GBITS: tl.constexpr, EPACK32: tl.constexpr, EBITS: tl.constexpr,
-    R: tl.constexpr, ECAP: tl.constexpr, RAW: tl.constexpr,
+    R: tl.constexpr, ECAP: tl.constexpr, RAW: tl.constexpr, PDL: tl.constexpr,
 ):
+    _pdl_start(PDL)
     row = tl.program_id(0)
     _group_select_row(row, _xrow(row, RL, RB, RO), x_ptr, stride_row, V, NCHUNK, NG, gm_ptr, m_ptr, s_ptr,
                       lp_ptr, id_ptr, K, scr_ptr, lse_ptr, id_off,
@@ -443,6 +466,18 @@ CONFIG = {
     # "triton" (gather_rows) or "torch" (a strided copy); bench_head.py run 3,
     # shard 20480 batch 32: 155.8 us vs 158.6 us for the whole head
     "row_copy": "triton",
+    # the head's LM-head GEMM at up to 64 rows (batches of up to 8 requests of
+    # block 8): a Triton GEMM, {BM: (BN, BK, stages, warps)}, instead of
+    # cuBLAS (torch.mm) -- bench/explore_gemm.py on the H200, shard 20480 x H
+    # 7168 bf16: M 8 73.2 us vs 78.8 (cuBLAS), M 16 73.0 vs 77.1, M 32 75.5 vs
+    # 76.6, M 64 75.7-76.6 vs 76.2-80.3; M 128 and up slower (92.8 vs 77.8),
+    # left to cuBLAS.  {} = cuBLAS everywhere
+    "head_gemm": {16: (256, 128, 3, 4), 32: (256, 128, 3, 4), 64: (256, 64, 4, 8)},
+    # the head's kernels launched with programmatic dependent launch (sm_90+)
+    # up to this many rows (bs * L); 0 = never.  Measured in stop 26 (run a,
+    # every Triton kernel after cuBLAS): batch 8 -1.9 us, batch 32 +2.7 us,
+    # batch 128 +9.8 us (early-launched programs hold SMs while they wait)
+    "pdl_rows_max": 64,
 }
 
 _COUNTERS = {}
@@ -564,7 +599,7 @@ def topk_logsumexp(x: torch.Tensor, K: int, cfg=None, _stages=3, _bufs=None, _tr
 
 
 def topk_rows(x2: torch.Tensor, rows: int, K: int, lp: torch.Tensor, ids: torch.Tensor, *, cfg=None,
-              rowmap=(1, 1, 0), raw=None, nreq=None, _stages=3, _bufs=None, _tree=None):
+              rowmap=(1, 1, 0), raw=None, nreq=None, pdl=False, _stages=3, _bufs=None, _tree=None):
     """Top-K (+ logsumexp) of ``rows`` logits rows into ``lp`` / ``ids`` (``[rows, K]``,
     contiguous; float32 / int64, or int32 ids with ``raw``).
 
@@ -574,7 +609,8 @@ def topk_rows(x2: torch.Tensor, rows: int, K: int, lp: torch.Tensor, ids: torch.
     logits in place).  ``raw = (lse [rows] float32, id_off)``: store the raw
     top values (not log-probabilities), ``ids + id_off`` and each row's
     logsumexp (one vocabulary shard of a tensor-parallel head).  ``nreq``:
-    requests (rows // L) for the fused tree's counters."""
+    requests (rows // L) for the fused tree's counters.  ``pdl``: launch with
+    programmatic dependent launch (:func:`_pdl_start`; CUDA, sm_90+)."""
     V = int(x2.shape[1])
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
@@ -619,7 +655,8 @@ def topk_rows(x2: torch.Tensor, rows: int, K: int, lp: torch.Tensor, ids: torch.
         if _stages & 1:
             _groupmax_kernel[(rows, NCHUNK)](
                 x2, x2.stride(0), V, NCHUNK, NGP, RL, RB, RO, gms, ms, ss,
-                CHUNK=CHUNK, S=S, EVEN=(V % CHUNK == 0), LOAD2D=bool(cfg.get("load2d")), num_warps=nw1,
+                CHUNK=CHUNK, S=S, EVEN=(V % CHUNK == 0), LOAD2D=bool(cfg.get("load2d")), **_pdl_args(pdl),
+                num_warps=nw1,
             )
         n2 = max(NGP, KP * S)
         nw2 = cfg.get("sel_warps") or (4 if n2 <= 1024 else 8)
@@ -627,7 +664,7 @@ def topk_rows(x2: torch.Tensor, rows: int, K: int, lp: torch.Tensor, ids: torch.
             _group_select_kernel[(rows,)](
                 x2, x2.stride(0), V, NCHUNK, NG, RL, RB, RO, gms, ms, ss, lp, ids, K, scr, lse_out, id_off,
                 NCP=NCP, NGP=NGP, S=S, KP=KP, GPACK64=gpack64, GBITS=gbits,
-                EPACK32=epack32, EBITS=bits, R=R, ECAP=ecap, RAW=RAW, num_warps=nw2,
+                EPACK32=epack32, EBITS=bits, R=R, ECAP=ecap, RAW=RAW, **_pdl_args(pdl), num_warps=nw2,
             )
         return lp, ids
     fuse = bool(cfg.get("fuse"))
@@ -660,7 +697,8 @@ def topk_rows(x2: torch.Tensor, rows: int, K: int, lp: torch.Tensor, ids: torch.
             x2, x2.stride(0), V, NCHUNK, RL, RB, RO, vals, idxs, ms, ss,
             cnt, lp, ids, K, lse_out, id_off, rcnt, *tree_ptrs,
             CHUNK=CHUNK, G=G, S=S, KP=KP, PACK64=pack64, BITS=bits,
-            FUSE=fuse, NCP=NCP, MPACK32=mpack32, MBITS=mbits, **tree_consts, RAW=RAW, num_warps=nw1,
+            FUSE=fuse, NCP=NCP, MPACK32=mpack32, MBITS=mbits, **tree_consts, RAW=RAW, **_pdl_args(pdl),
+            num_warps=nw1,
         )
     if fuse:
         return lp, ids
@@ -669,7 +707,7 @@ def topk_rows(x2: torch.Tensor, rows: int, K: int, lp: torch.Tensor, ids: torch.
     if _stages & 2:
         _topk_merge_kernel[(rows,)](
             vals, idxs, ms, ss, lp, ids, NCHUNK, K, lse_out, id_off,
-            NCP=NCP, KP=KP, MPACK32=mpack32, MBITS=mbits, RAW=RAW, num_warps=nw2,
+            NCP=NCP, KP=KP, MPACK32=mpack32, MBITS=mbits, RAW=RAW, **_pdl_args(pdl), num_warps=nw2,
         )
     return lp, ids
 
@@ -677,7 +715,8 @@ def topk_rows(x2: torch.Tensor, rows: int, K: int, lp: torch.Tensor, ids: torch.
 def fused_tree(cfg, budget: int) -> bool:
     """Whether the top-K launch also builds the trees (v0 with ``fuse`` and
     ``tree``; up to budget ``tree_max_b``: larger trees need so many registers
-    that the fused kernel would spill)."""
+    that the fused kernel would spill).  (v2's select kernel building them,
+    the last row of a request doing it, measured slower: bench_head.py run 8.)"""
     return bool(cfg.get("impl", "v0") == "v0" and cfg.get("fuse") and cfg.get("tree")
                 and budget <= int(cfg.get("tree_max_b") or 32))
 
@@ -708,8 +747,9 @@ def _tree_kernel(
     tok_ptr, par_ptr, dep_ptr, val_ptr, vis_ptr,
     HAS_ROOT: tl.constexpr, L: tl.constexpr, K: tl.constexpr, B: tl.constexpr,
     LP: tl.constexpr, BP: tl.constexpr, KP: tl.constexpr, NP: tl.constexpr,
-    CP: tl.constexpr, EPS: tl.constexpr, GATHER: tl.constexpr, RS: tl.constexpr,
+    CP: tl.constexpr, EPS: tl.constexpr, GATHER: tl.constexpr, RS: tl.constexpr, PDL: tl.constexpr,
 ):
+    _pdl_start(PDL)
     _tree_body(tl.program_id(0), lp_ptr, id_ptr, root_ptr, sc_ptr, ps_ptr, rk_ptr, pos_ptr,
                tok_ptr, par_ptr, dep_ptr, val_ptr, vis_ptr,
                HAS_ROOT, L, K, B, LP, BP, KP, NP, CP, EPS, GATHER, RS)
@@ -894,13 +934,13 @@ def _num_candidates(B: int, K: int) -> int:
     return sum(min(K, B // (i + 1)) for i in range(B))
 
 
-def _launch_tree(top_lp, top_id, tr: "_TreeLaunch", num_warps=None) -> DDTrees:
+def _launch_tree(top_lp, top_id, tr: "_TreeLaunch", num_warps=None, pdl=False) -> DDTrees:
     bs = top_lp.shape[0]
     nw = num_warps or CONFIG["tree_warps"] or (4 if tr.CP <= 256 and tr.NP <= 64 else 8)
     _tree_kernel[(bs,)](
         top_lp.contiguous(), top_id.contiguous(), *tr.ptrs(),
         HAS_ROOT=tr.has_root, L=tr.L, K=tr.K, B=tr.B, LP=tr.LP, BP=tr.BP, KP=tr.KP, NP=tr.NP, CP=tr.CP,
-        EPS=DEPTH_EPS, GATHER=tr.gather, RS=tr.rstride, num_warps=nw,
+        EPS=DEPTH_EPS, GATHER=tr.gather, RS=tr.rstride, **_pdl_args(pdl), num_warps=nw,
     )
     return tr.trees()
 
@@ -939,6 +979,85 @@ def gather_rows(hid: torch.Tensor, c0: int, c1: int, block: int) -> torch.Tensor
     out = torch.empty((rows, H), dtype=hid.dtype, device=hid.device)
     BH = min(1024, _next_pow2(H))
     _gather_rows_kernel[(rows, triton.cdiv(H, BH))](hid, out, H, c0 * block, L=L, BLK=block, BH=BH, num_warps=4)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# the head's LM-head GEMM at few rows
+# ---------------------------------------------------------------------------
+
+
+@triton.jit
+def _head_gemm_kernel(x_ptr, w_ptr, o_ptr, M, sxm, swn, som,
+                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NKI: tl.constexpr,
+                      STAGES: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
+    # logits[:M, tile] = x[:M] @ W[tile].T: the whole of M in one tile, one
+    # pass over K with fp32 accumulation (no split: bound by reading W, and
+    # deterministic).  UPCAST: fp32 operands (the CPU interpreter, whose
+    # 16-bit dot is wrong; bf16 products are exact in fp32).
+    _pdl_start(PDL)
+    rn = tl.program_id(0) * BN + tl.arange(0, BN)
+    rm = tl.arange(0, BM)
+    xm = rm < M
+    rk = tl.arange(0, BK)
+    xp = x_ptr + rm[:, None] * sxm + rk[None, :]
+    wp = w_ptr + rn[:, None].to(tl.int64) * swn + rk[None, :]
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for _ in tl.range(0, NKI, num_stages=STAGES):
+        a = tl.load(xp, mask=xm[:, None], other=0.0)
+        b = tl.load(wp)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, tl.trans(b), acc)
+        xp += BK
+        wp += BK
+    tl.store(o_ptr + rm[:, None] * som + rn[None, :], acc.to(o_ptr.dtype.element_ty), mask=xm[:, None])
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def pdl_supported(dev) -> bool:
+    """Programmatic dependent launch: CUDA devices of compute capability 9.0 and up
+    (not the CPU interpreter)."""
+    return (not _interpreted() and dev.type == "cuda" and torch.cuda.is_available()
+            and torch.cuda.get_device_capability(dev)[0] >= 9)
+
+
+def head_gemm_config(M: int, N: int, K: int, dtype):
+    """``(BM, BN, BK, stages, warps)`` of the Triton GEMM for ``M`` rows of a
+    ``[N, K]`` weight, or None where cuBLAS runs (``CONFIG["head_gemm"]``;
+    16-bit weights, block sizes that divide N and K)."""
+    table = CONFIG.get("head_gemm") or {}
+    if dtype not in (torch.bfloat16, torch.float16) or M < 1:
+        return None
+    BM = max(16, _next_pow2(M))
+    if BM not in table:
+        return None
+    BN, BK, stages, warps = table[BM]
+    while BN > 16 and N % BN:
+        BN //= 2
+    while BK > 16 and K % BK:
+        BK //= 2
+    if N % BN or K % BK:
+        return None
+    return BM, BN, BK, stages, warps
+
+
+def head_gemm(x: torch.Tensor, w: torch.Tensor, cfg, pdl=False) -> torch.Tensor:
+    """``x [M, K] @ w [N, K].T`` in ``x``'s dtype by ``_head_gemm_kernel``
+    (``cfg`` from :func:`head_gemm_config`)."""
+    BM, BN, BK, stages, warps = cfg
+    M, K = int(x.shape[0]), int(x.shape[1])
+    N = int(w.shape[0])
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    _head_gemm_kernel[(N // BN,)](x, w, out, M, x.stride(0), w.stride(0), out.stride(0),
+                                  BM=BM, BN=BN, BK=BK, NKI=K // BK, STAGES=stages,
+                                  UPCAST=_interpreted(), **_pdl_args(pdl), num_warps=warps)
     return out
 
 
