@@ -269,7 +269,7 @@ def candidates(bs, impl):
     return out
 
 
-def sweep(W, hid, ids, bs, impl, g_gemm=None):
+def sweep(W, hid, ids, bs, impl, g_gemm):
     """{name: [graph us, replays == eager, head/GEMM per pair]}: each candidate's graph
     replayed in alternation with the GEMM's (``g_gemm``), as the main timing."""
     from sglang_ddtree import triton_kernels as tk
@@ -283,11 +283,8 @@ def sweep(W, hid, ids, bs, impl, g_gemm=None):
         try:
             hc = DraftTreeHead(W, BUDGET, BLOCK, max_bs=bs, cfg=cfg, **kw)
             g, out = capture_graph(lambda: hc(hid, ids))
-            if g_gemm is None:
-                t, ratio = median_time(g.replay, reps_for(100), rounds=5), None
-            else:
-                ta, tb = interleaved_times(g_gemm.replay, g.replay, reps_for(100 if W.shape[0] < 100000 else 700))
-                t, ratio = median(tb), round(median([b / a for a, b in zip(ta, tb)]), 3)
+            ta, tb = interleaved_times(g_gemm.replay, g.replay, reps_for(100 if W.shape[0] < 100000 else 700))
+            t, ratio = median(tb), round(median([b / a for a, b in zip(ta, tb)]), 3)
             ok = graph_exact(g, out, hid, ids, W, hc, bs, seed=7 + bs)
             res[name] = [round(t, 2), ok, ratio]
             del g
@@ -301,12 +298,12 @@ def sweep(W, hid, ids, bs, impl, g_gemm=None):
 
 def candidates_only(shards, batches, out_dir):
     """Only the candidates' sweep (paired with the GEMM), per shard and batch."""
+    from sglang_ddtree import triton_kernels as tk
+
     rows = []
     for V in shards:
         W, _, _ = rand_case(V, 1, 7 + V, 1.0)
         for bs in batches:
-            from sglang_ddtree import triton_kernels as tk
-
             _, hid, ids = rand_case(V, bs, 1000 + bs, 1.0)
             hs = hid.view(bs, BLOCK, H)[:, 1:].reshape(bs * L, H).contiguous()
             g_gemm, _ = capture_graph(lambda: torch.mm(hs, W.t()))
@@ -367,7 +364,6 @@ def timing(results, out_dir=None, sweep_candidates=True):
                     r["head_triton_gemm_alone_us"] = median_time(g_hg.replay, reps_for(100 if V < 100000 else 700),
                                                                  rounds=5)
                     del g_hg
-                del g_gemm
                 r["gemm_us"], r["head_graph_us"] = median(ta), median(tb)
                 ratios = sorted(b / a for a, b in zip(ta, tb))
                 q = len(ratios) // 4
@@ -402,9 +398,8 @@ def timing(results, out_dir=None, sweep_candidates=True):
                     finally:
                         tk.CONFIG["merge_rows_2d"] = True
                 if V == 20480 and sweep_candidates:
-                    g_gemm, _ = capture_graph(lambda: torch.mm(hs, W.t()))
                     r["candidates"] = sweep(W, hid, ids, bs, r["cfg"], g_gemm)
-                    del g_gemm
+                del g_gemm
                 r["speedup_vs_old_eager"] = r["old_eager_us"] / r["head_graph_us"]
             except Exception as e:  # noqa: BLE001
                 traceback.print_exc()

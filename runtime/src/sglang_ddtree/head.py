@@ -102,6 +102,11 @@ class DraftTreeHead:
         self.impl = impl
         self.use_triton = impl == "triton" or (impl == "auto" and _use_triton(self.weight))
         self.device = self.weight.device
+        self._pdl_ok = False  # programmatic dependent launch possible on this device
+        if self.use_triton:
+            from .triton_kernels import pdl_supported
+
+            self._pdl_ok = pdl_supported(self.device)
         self._cap = 0
         self._out = None
         if max_bs:
@@ -186,7 +191,7 @@ class DraftTreeHead:
             parts.append(lg.reshape(c1 - c0, self.L, self.Vs))
         return torch.cat(parts)
 
-    def _gemm_rows(self, hid, c0, c1, full):
+    def _gemm_rows(self, hid, c0, c1, full, pdl=False):
         """Logits of requests c0..c1: ``(logits [rows, V_shard], rowmap)``."""
         W = self.weight
         if full:
@@ -207,15 +212,15 @@ class DraftTreeHead:
 
             gcfg = tk.head_gemm_config(int(x.shape[0]), self.Vs, self.H, W.dtype)
             if gcfg is not None:
-                return tk.head_gemm(x, W, gcfg, pdl=self._pdl(c1 - c0)), rowmap
+                return tk.head_gemm(x, W, gcfg, pdl=pdl), rowmap
         return torch.mm(x, W.t()), rowmap
 
     def _pdl(self, n: int) -> bool:
         """Programmatic dependent launch for a chunk of ``n`` requests (few rows:
         the launches overlap the kernel before; ``CONFIG["pdl_rows_max"]``)."""
-        from . import triton_kernels as tk
+        from .triton_kernels import CONFIG
 
-        return n * self.L <= int(tk.CONFIG.get("pdl_rows_max") or 0) and tk.pdl_supported(self.device)
+        return self._pdl_ok and n * self.L <= int(CONFIG.get("pdl_rows_max") or 0)
 
     def _send_views(self, send, rows):
         K = self.K
@@ -247,10 +252,10 @@ class DraftTreeHead:
         for c0 in range(0, bs, cr):
             c1 = min(bs, c0 + cr)
             n = c1 - c0
-            logits, rowmap = self._gemm_rows(hid, c0, c1, full)
+            pdl = self._pdl(n)
+            logits, rowmap = self._gemm_rows(hid, c0, c1, full, pdl)
             cfg = self.cfg or tk.regime_config(n * L, self.Vs)
             r0, r1 = c0 * L, c1 * L
-            pdl = self._pdl(n)
             if self.tp > 1:
                 if self.Ks == K:
                     tk.topk_rows(logits, n * L, K, s_val[r0:r1], s_id[r0:r1], cfg=cfg, rowmap=rowmap,

@@ -474,9 +474,10 @@ CONFIG = {
     # left to cuBLAS.  {} = cuBLAS everywhere
     "head_gemm": {16: (256, 128, 3, 4), 32: (256, 128, 3, 4), 64: (256, 64, 4, 8)},
     # the head's kernels launched with programmatic dependent launch (sm_90+)
-    # up to this many rows (bs * L); 0 = never.  Measured in stop 26 (run a,
-    # every Triton kernel after cuBLAS): batch 8 -1.9 us, batch 32 +2.7 us,
-    # batch 128 +9.8 us (early-launched programs hold SMs while they wait)
+    # up to this many rows (bs * L); 0 = never.  bench_head.py stop 28, shard
+    # 20480, with the Triton GEMM: batch 8 96.5 vs 98.9 us, batch 1 91.2 vs
+    # 92.0; batch 32 (cuBLAS GEMM) 139.1 vs 131.7 (early-launched programs
+    # hold SMs the GEMM wants; stop 26: +2.7 us at 32, +9.8 at 128)
     "pdl_rows_max": 64,
 }
 
@@ -716,7 +717,8 @@ def fused_tree(cfg, budget: int) -> bool:
     """Whether the top-K launch also builds the trees (v0 with ``fuse`` and
     ``tree``; up to budget ``tree_max_b``: larger trees need so many registers
     that the fused kernel would spill).  (v2's select kernel building them,
-    the last row of a request doing it, measured slower: bench_head.py run 8.)"""
+    the last row of a request doing it, measured slower at every batch:
+    results-head-h200.txt, stop 28.)"""
     return bool(cfg.get("impl", "v0") == "v0" and cfg.get("fuse") and cfg.get("tree")
                 and budget <= int(cfg.get("tree_max_b") or 32))
 
