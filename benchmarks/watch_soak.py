@@ -52,8 +52,9 @@ class _Receiver(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def _inventory(dest: Path, port: int, interval: int, window: int, min_samples: int) -> Path:
-    shutil.copytree(REPO / "inventories/lab", dest)
+def _inventory(dest: Path, port: int, interval: int, window: int, min_samples: int, source: Path,
+               host_ip: str) -> Path:
+    shutil.copytree(source, dest)
     gv = dest / "group_vars/all.yml"
     gv.write_text(gv.read_text() + f"""  watch:
     enabled: true
@@ -62,50 +63,54 @@ def _inventory(dest: Path, port: int, interval: int, window: int, min_samples: i
     window_s: {window}
     min_samples: {min_samples}
     notify:
-      url: http://{C.HOST_IP}:{port}/soak
+      url: http://{host_ip}:{port}/soak
 """)
     return dest
 
 
-def _proc_cpu(pid: str) -> tuple[float, float, int]:
+def _proc_cpu(pid: str, node: int = 1) -> tuple[float, float, int]:
     """(self CPU s, waited-for children CPU s, RSS KiB) of a process in the guest."""
-    out = guest_run(f"cat /proc/{pid}/stat; grep VmRSS /proc/{pid}/status; getconf CLK_TCK", timeout=10).stdout.split("\n")
+    out = guest_run(f"cat /proc/{pid}/stat; grep VmRSS /proc/{pid}/status; getconf CLK_TCK", timeout=10,
+                    node=node).stdout.split("\n")
     f = out[0].rsplit(")", 1)[1].split()
     hz = float(out[2].strip() or 100)
     return (int(f[11]) + int(f[12])) / hz, (int(f[13]) + int(f[14])) / hz, int(out[1].split()[1])
 
 
-def _reset() -> None:
+def _reset(node: int = 1) -> None:
     guest_run("systemctl disable --now opsctl-watch-sglang-k26 opsctl-lab-load 2>/dev/null; rm -rf "
               "/etc/systemd/system/opsctl-watch-sglang-k26.service /opt/opsctl/watch.json /var/lib/opsctl-watch; "
               "systemctl stop opsctl-guard-sglang-k26.timer sglang-k26 2>/dev/null; systemctl disable sglang-k26 "
               "2>/dev/null; rm -rf /opt/opsctl/releases /opt/opsctl/current /opt/opsctl/ledger.jsonl "
               "/opt/opsctl/baselines /etc/systemd/system/sglang-k26.service /etc/opsctl-lab/faults.json; "
-              "systemctl daemon-reload; systemctl reset-failed 2>/dev/null; true", timeout=60)
+              "systemctl daemon-reload; systemctl reset-failed 2>/dev/null; true", timeout=60, node=node)
 
 
 def soak(duration_s: float, *, interval: int = 10, window: int = 60, min_samples: int = 4, periods: int = 10,
-         say=print) -> dict:
-    """Run on a booted lab (the caller holds the session lock). Returns the numbers and table rows."""
-    srv = http.server.ThreadingHTTPServer((C.HOST_IP, 0), _Receiver)
+         say=print, node: int = 1, inventory: Path = REPO / "inventories/lab") -> dict:
+    """Run on a booted lab (the caller holds the session lock), on lab host NODE whose inventory is
+    INVENTORY (node 1: inventories/lab). Returns the numbers and table rows."""
+    host_ip = C.NODES[node - 1].host_ip
+    srv = http.server.ThreadingHTTPServer((host_ip, 0), _Receiver)
     _Receiver.events = []
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     tmp = Path(tempfile.mkdtemp(prefix="watch-soak-"))
     try:
-        inv = load_inventory(_inventory(tmp / "inv", srv.server_port, interval, window, min_samples))
-        _reset()
+        inv = load_inventory(_inventory(tmp / "inv", srv.server_port, interval, window, min_samples, inventory,
+                                        host_ip))
+        _reset(node)
         say("soak: deploying the ar-tp8 baseline (gated: stores the bench curve) ...")
         core.deploy(inv, "ar-tp8", pre_checks=False)
         say("soak: deploying ddtree --budget 16 (gated) ...")
         out = core.deploy(inv, "ddtree", 16, pre_checks=False)
         release = out[0].release
-        ledger_before = guest_run("wc -l < /opt/opsctl/ledger.jsonl", timeout=10).stdout.strip()
+        ledger_before = guest_run("wc -l < /opt/opsctl/ledger.jsonl", timeout=10, node=node).stdout.strip()
         time.sleep(interval)
         st0 = watch.status(inv)[0]
         pid = st0["unit"]["MainPID"]
-        cpu0, ch0, _ = _proc_cpu(pid)
+        cpu0, ch0, _ = _proc_cpu(pid, node)
         ticks0 = st0["ticks"]
-        load.start(duration_s, cmin=1, cmax=8, out_min=16, out_max=192, change_s=5, seed=7)
+        load.start(duration_s, cmin=1, cmax=8, out_min=16, out_max=192, change_s=5, seed=7, node=node)
         t_start = time.monotonic()
         rows, states = [], []
         period = duration_s / periods
@@ -114,7 +119,7 @@ def soak(duration_s: float, *, interval: int = 10, window: int = 60, min_samples
             st = watch.status(inv)[0]
             last = st.get("last") or {}
             f = {x["rule"]: x for x in last.get("findings", [])}
-            live = guest_run("readlink /opt/opsctl/current", timeout=10).stdout.strip().split("/")[-1]
+            live = guest_run("readlink /opt/opsctl/current", timeout=10, node=node).stdout.strip().split("/")[-1]
             states.append(last.get("verdict"))
             rows.append({"t_s": round(time.monotonic() - t_start), "live": "ddtree" if live == release else live,
                          "state": st["summary"]["state"], "verdict": last.get("verdict"),
@@ -128,15 +133,15 @@ def soak(duration_s: float, *, interval: int = 10, window: int = 60, min_samples
                          "rss_kib": (st.get("cost") or {}).get("rss_kib")})
             say("soak: " + "  ".join(f"{k}={v}" for k, v in rows[-1].items()))
         deadline = time.monotonic() + 30   # the load ends on its own at duration_s and writes its counts
-        while time.monotonic() < deadline and load.result() is None:
+        while time.monotonic() < deadline and load.result(node) is None:
             time.sleep(1)
-        loadres = load.result()
-        load.stop()
+        loadres = load.result(node)
+        load.stop(node)
         st1 = watch.status(inv)[0]
-        cpu1, ch1, rss = _proc_cpu(pid) if st1["unit"]["MainPID"] == pid else (cpu0, ch0, 0)
+        cpu1, ch1, rss = _proc_cpu(pid, node) if st1["unit"]["MainPID"] == pid else (cpu0, ch0, 0)
         ticks = st1["ticks"] - ticks0
-        live = guest_run("readlink /opt/opsctl/current", timeout=10).stdout.strip().split("/")[-1]
-        new = guest_run(f"tail -n +{int(ledger_before or 0) + 1} /opt/opsctl/ledger.jsonl", timeout=10).stdout
+        live = guest_run("readlink /opt/opsctl/current", timeout=10, node=node).stdout.strip().split("/")[-1]
+        new = guest_run(f"tail -n +{int(ledger_before or 0) + 1} /opt/opsctl/ledger.jsonl", timeout=10, node=node).stdout
         watch_recs = [json.loads(x) for x in new.splitlines() if x.strip()]
         acted = [r for r in watch_recs if r.get("who", "").startswith("opsctl-watch@")]
         return {"release": release, "live": live, "switched": live != release, "watch_records": acted,

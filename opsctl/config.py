@@ -312,6 +312,8 @@ class HostSettings(_Strict):
     transfer_limit_mib_s: float | None = Field(None, gt=0, description="cap the drafter transfer rate (shared links)")
     guard_s: int | None = Field(None, ge=10, description="seconds after a switch before the host reverts an "
                                 "unconfirmed release; default: readiness timeout + 30 min (gates included)")
+    restart_sec: int = Field(30, ge=1, description="the unit's RestartSec: seconds systemd waits before starting a "
+                             "crashed server again (long enough for its workers to free GPU memory and the port)")
     extra_env: dict[str, str] = Field(default_factory=dict)
     secrets_file: Path | None = Field(None, description="controller file of KEY=VALUE secrets (HF token, API key); shipped 0600")
     secrets_mode_ok: bool = Field(False, description="accept a secrets_file that group/others can read on the controller")

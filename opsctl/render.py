@@ -148,7 +148,7 @@ def render(host: HostConfig, profile: Profile) -> Rendered:
         "install_root": host.install_root, "current": current, "model": host.model,
         "sglang_version": host.runtime.sglang_version,
         "exec_start": " ".join(_systemd_quote(a) for a in argv), "env": env,
-        "secrets": host.settings.secrets_file is not None,
+        "secrets": host.settings.secrets_file is not None, "restart_sec": host.settings.restart_sec,
     }
     tpl = _environment()
     profile_doc = profile.model_dump(mode="json")

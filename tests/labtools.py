@@ -46,3 +46,33 @@ def reset_host(lab) -> None:
             "2>/dev/null; rm -rf /opt/opsctl/releases /opt/opsctl/current /opt/opsctl/ledger.jsonl "
             "/opt/opsctl/baselines /opt/opsctl/shared/drafters /etc/systemd/system/sglang-k26.service; "
             "systemctl daemon-reload; systemctl reset-failed 2>/dev/null; true", check=False)
+
+
+# The state a deploy leaves on the host, as reset_host removes it (the base environment, the host
+# scripts and the wheel cache stay: every module's first deploy reuses them).
+STATE_PATHS = ("opt/opsctl/releases", "opt/opsctl/current", "opt/opsctl/ledger.jsonl", "opt/opsctl/baselines",
+               "opt/opsctl/shared/drafters", "etc/systemd/system/sglang-k26.service",
+               "etc/systemd/system/multi-user.target.wants/sglang-k26.service")
+SAVED_STATE = "/var/tmp/opsctl-tests-baselined.tar"
+HEALTH = ("python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:30000/health_generate', "
+          "timeout=5).status)\" 2>/dev/null || echo 0")
+
+
+def save_state(lab) -> None:
+    """The host's release tree, ledger, baselines, drafters and unit links, saved in the guest."""
+    paths = " ".join(STATE_PATHS)
+    lab.run(f"cd / && tar -cpf {SAVED_STATE}.tmp $(for p in {paths}; do [ -e $p ] || [ -L $p ] && echo $p; done) "
+            f"&& mv {SAVED_STATE}.tmp {SAVED_STATE}", check=True, timeout=120)
+
+
+def restore_state(lab, timeout: float = 60) -> None:
+    """Put back what save_state saved and start the service on it, as if the deploy had just ended."""
+    import time
+
+    reset_host(lab)
+    lab.run(f"tar -C / -xpf {SAVED_STATE} && systemctl daemon-reload && systemctl start sglang-k26", check=True,
+            timeout=120)
+    deadline = time.monotonic() + timeout
+    while lab.run(HEALTH, check=False).stdout.strip() != "200":
+        assert time.monotonic() < deadline, "the restored release did not become healthy"
+        time.sleep(0.2)

@@ -3,9 +3,9 @@ under releases/.staging-<id> and renames it into place, on one host or a whole w
 Nothing live changes."""
 from __future__ import annotations
 
+import base64
 import json
-import tempfile
-from pathlib import Path
+import shlex
 
 from opsctl import watch, wheelhouse
 from opsctl.artifacts import SyncResult, sync_drafter
@@ -28,42 +28,41 @@ def stage_wave(inv: Inventory, items: list[tuple[Connection, Plan, Steps]]
     out: dict[str, tuple[PlayResult | None, SyncResult | None, HostError | None]] = {}
     variables: dict[str, dict] = {}
     ready: list[tuple[Connection, Plan, Steps]] = []
-    with tempfile.TemporaryDirectory(prefix="opsctl-stage-") as tmp:
-        for conn, plan, steps in items:
-            try:
-                sync, env_wheelhouse = _ship(conn, plan, steps)
-            except HostError as exc:
-                if len(items) == 1:
-                    raise
-                out[plan.host.name] = (None, None, exc)
-                continue
-            variables[plan.host.name] = _release_vars(plan, Path(tmp) / plan.host.name, env_wheelhouse)
-            out[plan.host.name] = (None, sync, None)
-            ready.append((conn, plan, steps))
-        if not ready:
-            return out
-        hosts = [plan.host for _, plan, _ in ready]
-        t0 = {}
-        for _, plan, steps in ready:
-            t0[plan.host.name] = steps.start("prepare", "ansible playbook prepare.yml"
-                                             + (f" (with {len(ready) - 1} more host(s) of this wave)"
-                                                if len(ready) > 1 else ""))
-        plays = run_playbook_hosts(inv, hosts, "prepare.yml", variables,
-                                   progress={plan.host.name: steps.task for _, plan, steps in ready})
-        for _, plan, steps in ready:
-            name = plan.host.name
-            play = plays[name]
-            try:
-                raise_for(play, plan.host)
-            except HostError as exc:
-                if len(items) == 1:
-                    raise
-                steps.done("prepare", t0[name], exc.problem, status="fail")
-                out[name] = (play, out[name][1], exc)
-                continue
-            window = ({"started_at": play.window[0], "ended_at": play.window[1]} if play.window else {})
-            steps.done("prepare", t0[name], f"changed={play.changed} ok={play.ok}", changed=play.changed, **window)
-            out[name] = (play, out[name][1], None)
+    for conn, plan, steps in items:
+        try:
+            sync, env_wheelhouse = _ship(conn, plan, steps)
+        except HostError as exc:
+            if len(items) == 1:
+                raise
+            out[plan.host.name] = (None, None, exc)
+            continue
+        variables[plan.host.name] = _release_vars(plan, env_wheelhouse)
+        out[plan.host.name] = (None, sync, None)
+        ready.append((conn, plan, steps))
+    if not ready:
+        return out
+    hosts = [plan.host for _, plan, _ in ready]
+    t0 = {}
+    for _, plan, steps in ready:
+        t0[plan.host.name] = steps.start("prepare", "ansible playbook prepare.yml"
+                                         + (f" (with {len(ready) - 1} more host(s) of this wave)"
+                                            if len(ready) > 1 else ""))
+    plays = run_playbook_hosts(inv, hosts, "prepare.yml", variables,
+                               progress={plan.host.name: steps.task for _, plan, steps in ready})
+    for _, plan, steps in ready:
+        name = plan.host.name
+        play = plays[name]
+        try:
+            raise_for(play, plan.host)
+        except HostError as exc:
+            if len(items) == 1:
+                raise
+            steps.done("prepare", t0[name], exc.problem, status="fail")
+            out[name] = (play, out[name][1], exc)
+            continue
+        window = ({"started_at": play.window[0], "ended_at": play.window[1]} if play.window else {})
+        steps.done("prepare", t0[name], f"changed={play.changed} ok={play.ok}", changed=play.changed, **window)
+        out[name] = (play, out[name][1], None)
     return out
 
 
@@ -83,23 +82,39 @@ def _ship(conn: Connection, plan: Plan, steps: Steps) -> tuple[SyncResult | None
                             full_verify=plan.verify_weights)
         steps.done("drafter", t0, f"{sync.bytes_sent} bytes sent, {sync.files_sent} file(s) sent, "
                    f"{sync.files_linked} reused", bytes_sent=sync.bytes_sent)
+    if plan.runtime_wheel is not None:
+        _ship_runtime_wheel(conn, plan)
     return sync, env_wheelhouse
 
 
-def _release_vars(plan: Plan, stage_dir: Path, env_wheelhouse: str) -> dict:
-    """The prepare playbook's variables for one host: its rendered release files, written
-    under STAGE_DIR on the controller, and where things go on the host."""
+def _ship_runtime_wheel(conn: Connection, plan: Plan) -> None:
+    """The runtime wheel into <root>/shared/wheels by content (sent only when the host's copy differs),
+    over the deploy's own SSH connection: an Ansible `copy` costs two remote Python runs for one file."""
+    wheels = f"{plan.host.install_root}/shared/wheels"
+    dest = f"{wheels}/{plan.runtime_wheel.name}"
+    have = conn.run(f"sha256sum {shlex.quote(dest)} 2>/dev/null || true", check=False).stdout.split()
+    if have[:1] == [plan.runtime_sha]:
+        return
+    tmp = f"{wheels}/.{plan.runtime_wheel.name}.part"
+    conn.run(f"mkdir -p {shlex.quote(wheels)}")
+    conn.put(plan.runtime_wheel, tmp, mode=0o644)
+    conn.run(f"mv -f {shlex.quote(tmp)} {shlex.quote(dest)}")
+
+
+def _release_vars(plan: Plan, env_wheelhouse: str) -> dict:
+    """The prepare playbook's variables for one host: its rendered release files and manifest
+    (written on the host by one opsctl_tree call), and where things go on the host."""
     host = plan.host
-    stage_dir.mkdir(parents=True)
-    for name, text in plan.rendered.release_files.items():
-        (stage_dir / name).write_text(text)
     existing = plan.state.releases.get(plan.release)
     manifest = existing.manifest if existing else plan.manifest()
-    (stage_dir / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    files = {**plan.rendered.release_files, "manifest.json": json.dumps(manifest, indent=1, sort_keys=True) + "\n"}
     s = host.settings
     return {
         "opsctl_root": str(host.install_root), "opsctl_release_id": plan.release,
-        "opsctl_stage_local": str(stage_dir), "opsctl_env_dir": str(env_python(host).parent.parent),
+        # base64: extra vars are templated by Ansible, and a rendered file may hold "{{" or "{#"
+        "opsctl_release_files": [{"path": name, "content_b64": base64.b64encode(text.encode()).decode(), "mode": "0644"}
+                                 for name, text in sorted(files.items())],
+        "opsctl_env_dir": str(env_python(host).parent.parent),
         "opsctl_sglang_version": host.runtime.sglang_version,
         "opsctl_wheelhouse_dir": env_wheelhouse, "opsctl_base_requirements": list(host.runtime.base_requirements),
         "opsctl_host_python": str(host.host_python), "opsctl_service_user": s.service_user or "",

@@ -45,8 +45,9 @@ EMULATOR_FAULTS: dict[str, dict] = {
     "code_wins_chat_loses": {"params": {"code": 1.35, "math": 0.9, "chat": 0.08},
                              "symptom": "acceptance skewed by domain: wins on HumanEval, loses on chat"},
     # start healthy, degrade after a delay (seconds since the server process started)
-    "accept_decay": {"params": {"after_s": 60.0, "over_s": 30.0, "accept_len": 1.5},
-                     "symptom": "healthy for after_s, then accept length falls linearly to accept_len over over_s"},
+    "accept_decay": {"params": {"after_s": 60.0, "over_s": 30.0, "accept_len": 1.5, "onset_file": ""},
+                     "symptom": "healthy for after_s (or until onset_file exists in the guest), then accept length "
+                                "falls linearly to accept_len over over_s"},
     "error_burst": {"params": {"after_s": 60.0, "duration_s": 30.0, "rate": 0.5},
                     "symptom": "after after_s, for duration_s, that share of finishing requests is aborted "
                                "(HTTP 500, sglang:num_aborted_requests_total)"},

@@ -7,6 +7,12 @@
                                      the guest sees the machine's real toolkit through the overlay
 - /srv/models/kimi-k2.6/config.json  the target model path the lab inventory points at
 - /etc/opsctl-lab/                   where faults.json goes (`opsctl lab fault set`)
+- /root/.bashrc                      a plain root shell: the guest boots over this machine's /, whose
+                                     ~/.bashrc (pyenv, cargo) is sourced by every non-interactive SSH
+                                     command (~0.25 s of CPU each, and `python3` a pyenv shim)
+- /etc/ssh/sshd_config.d/opsctl-lab.conf  sshd without PAM: a deploy opens a few dozen SSH sessions,
+                                     and each PAM session (logind scope, motd scripts) cost the guest
+                                     ~0.2 s of CPU on a 2-core machine that also runs the tests
 """
 from __future__ import annotations
 
@@ -38,6 +44,16 @@ MODEL_CONFIG = {
     "max_position_embeddings": 262144,
     "opsctl_lab": "stand-in for the site's Kimi K2.6 checkpoint (config only)",
 }
+
+SSHD_CONF = """# opsctl lab only: no PAM session per login (no logind scope, no motd scripts); key login as before
+UsePAM no
+PrintMotd no
+PrintLastLog no
+"""
+
+GUEST_BASHRC = """# ~/.bashrc of root on the opsctl lab host (guest only): a plain Debian root shell.
+# PS1 and umask come from /etc/profile.
+"""
 
 README = """This directory exists on the opsctl lab host only.
 faults.json here is read by the emulated SGLang server at start; see docs/lab.md.
@@ -73,4 +89,6 @@ def write_tree(root: Path, authorized_key: str) -> None:
                 link.symlink_to(target)
     put(f"{C.GUEST_MODEL_PATH}/config.json", json.dumps(MODEL_CONFIG, indent=2) + "\n")
     put("/etc/opsctl-lab/README", README)
+    put("/etc/ssh/sshd_config.d/opsctl-lab.conf", SSHD_CONF)
+    put("/root/.bashrc", GUEST_BASHRC)
     (root / C.GUEST_RUN_DIR.lstrip("/")).mkdir(parents=True, exist_ok=True)

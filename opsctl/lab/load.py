@@ -71,29 +71,30 @@ open(a["result"], "w").write(json.dumps(stats))
 
 def start(duration_s: float, *, cmin: int = 2, cmax: int = 6, out_min: int = 32, out_max: int = 160,
           input_len: int = 48, change_s: float = 5.0, max_requests: int = 100000, seed: int = 1,
-          port: int = C.SERVICE_PORT) -> None:
-    """Start the load in the guest (replacing one that runs); returns at once."""
+          port: int = C.SERVICE_PORT, node: int = 1) -> None:
+    """Start the load in lab host NODE's guest (replacing one that runs); returns at once."""
     args = {"url": f"http://127.0.0.1:{port}", "duration_s": float(duration_s), "cmin": int(cmin), "cmax": int(cmax),
             "out_min": int(out_min), "out_max": int(out_max), "input_len": int(input_len), "change_s": float(change_s),
             "max_requests": int(max_requests), "seed": int(seed), "result": RESULT}
-    guest_run(f"mkdir -p {C.GUEST_RUN_DIR} && cat > {SCRIPT}", stdin=LOAD_PY, timeout=15, check=True)
+    guest_run(f"mkdir -p {C.GUEST_RUN_DIR} && cat > {SCRIPT}", stdin=LOAD_PY, timeout=15, check=True, node=node)
     guest_run(f"systemctl stop {UNIT} 2>/dev/null; systemctl reset-failed {UNIT} 2>/dev/null; rm -f {RESULT}; "
               f"systemd-run --quiet --unit {UNIT} -p RuntimeMaxSec={int(duration_s) + 30} "
-              f"/usr/bin/python3 {SCRIPT} {shlex.quote(json.dumps(args))}", timeout=20, check=True)
+              f"/usr/bin/python3 {SCRIPT} {shlex.quote(json.dumps(args))}", timeout=20, check=True, node=node)
 
 
-def stop() -> dict | None:
+def stop(node: int = 1) -> dict | None:
     """Stop the load (if it runs) and return its counts when it finished on its own."""
-    guest_run(f"systemctl stop {UNIT} 2>/dev/null; systemctl reset-failed {UNIT} 2>/dev/null; true", timeout=30)
-    out = guest_run(f"cat {RESULT} 2>/dev/null", timeout=10).stdout.strip()
+    guest_run(f"systemctl stop {UNIT} 2>/dev/null; systemctl reset-failed {UNIT} 2>/dev/null; true", timeout=30,
+              node=node)
+    out = guest_run(f"cat {RESULT} 2>/dev/null", timeout=10, node=node).stdout.strip()
     try:
         return json.loads(out) if out else None
     except ValueError:
         return None
 
 
-def result() -> dict | None:
-    out = guest_run(f"cat {RESULT} 2>/dev/null", timeout=10).stdout.strip()
+def result(node: int = 1) -> dict | None:
+    out = guest_run(f"cat {RESULT} 2>/dev/null", timeout=10, node=node).stdout.strip()
     try:
         return json.loads(out) if out else None
     except ValueError:

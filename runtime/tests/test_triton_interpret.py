@@ -1,76 +1,119 @@
 """The fused Triton kernels, run by Triton's CPU interpreter (TRITON_INTERPRET=1)
 on a few small shapes: same trees as the reference.  (The GPU run of the same
-kernels is runtime/bench/bench_build.py.)"""
+kernels is runtime/bench/bench_build.py.)
+
+Four parts, each one subprocess (background jobs: conftest.py), with the
+interpreter shortcuts of interp_fast.py:
+* topk_v0 / topk_v2: every top-K configuration x every shape edge case, each
+  configuration in every dtype and each shape in every dtype (a pairwise
+  covering array of configuration x dtype x shape, checked in the code);
+* tree: the tree kernel's two paths on every tree shape, and on exact score ties;
+* fused_default: the one-launch top-K + tree and the compacted element sort,
+  and build_trees end to end in both regimes of the default configuration.
+"""
 
 import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from conftest import SRC
+from conftest import HERE, SRC, job_result, subprocess_job
 
-CODE = """
+PRELUDE = """
+import interp_fast
+assert interp_fast.install() or __import__("os").environ.get("DDTREE_TEST_INTERP_FASTPATH") == "0"
 import torch
 from sglang_ddtree import build_trees
 from sglang_ddtree.reference import build_tree, top_log_probs
 from sglang_ddtree.tree import build_trees_from_top
 from sglang_ddtree import triton_kernels as tk
-g = torch.Generator().manual_seed(0)
+"""
+
 # both top-K implementations: v0 (per-chunk top-K + merge, fp64 or fp32 merge keys,
 # separate or fused merge), v2 (group maxima (1-D or 2-D loads) + select, fp64 or
-# fp32 element keys)
-cfgs = [{"impl": "v0", "chunk": 4096}, {"impl": "v0", "chunk": 256, "mpack32": True},
+# fp32 element keys).  Shapes (bs, L, V, B), K = min(B, V): V below one chunk
+# (masked), V = 2 with K = 1, several chunks with a partial last one (K 16), V < B
+# (K = V = 3, KP 4), many chunks with K 13 (KP 16), V a power of two that every
+# chunk divides (EVEN) with K 4.  Case i of a configuration runs in dtype
+# DTS[(c + i) % 3] (c: the configuration's index): each configuration in each
+# dtype twice, each shape in each dtype (in each part).
+TOPK = """
+CFGS = [{"impl": "v0", "chunk": 4096}, {"impl": "v0", "chunk": 256, "mpack32": True},
         {"impl": "v0", "chunk": 512, "mpack32": True, "fuse": True}, {"impl": "v0", "chunk": 256, "fuse": True},
         {"impl": "v2", "chunk": 256, "S": 16, "sel_warps": 4},
         {"impl": "v2", "chunk": 256, "S": 16, "sel_warps": 4, "epack32": True, "load2d": True},
         {"impl": "v2", "chunk": 128, "S": 32, "epack32": True},
         {"impl": "v2", "chunk": 256, "S": 16, "epack32": True, "hier": 4},
         {"impl": "v2", "chunk": 64, "S": 8, "hier": 2}]
-for cfg in cfgs:
-    for dt in (torch.float32, torch.bfloat16, torch.float16):
-        for (bs, L, V, B) in [(2, 3, 50, 8), (1, 1, 2, 1), (2, 4, 700, 16), (1, 3, 3, 5), (1, 2, 3000, 13), (2, 2, 1024, 4)]:
-            x = torch.randn(bs, L, V, generator=g).to(dt)
-            K = min(B, V)
-            lp, ids = tk.topk_logsumexp(x, K, cfg=cfg)
-            rlp, rids = top_log_probs(x, K)
-            assert (lp - rlp).abs().max() < 1e-4, (cfg, dt, bs, L, V, B)
-            if dt == torch.float32:  # 16-bit floats have exact ties, where any tie order is right
-                assert torch.equal(ids, rids), (cfg, bs, L, V, B)
-            else:
-                got = x.float().gather(-1, ids).sort(-1).values
-                assert torch.equal(got, x.float().topk(K, -1).values.sort(-1).values), (cfg, dt, bs, L, V, B)
-# the tree kernel (pruned beam; memory round trips or registers) == the torch beam
+SHAPES = [(2, 2, 50, 8), (1, 1, 2, 1), (1, 2, 700, 16), (1, 3, 3, 5), (1, 1, 3000, 13), (2, 1, 1024, 4)]
+DTS = (torch.float32, torch.bfloat16, torch.float16)
+g = torch.Generator().manual_seed(0)
+pairs = set()
+for c, cfg in enumerate(CFGS):
+    if cfg["impl"] != IMPL:
+        continue
+    for i, (bs, L, V, B) in enumerate(SHAPES):
+        dt = DTS[(c + i) % 3]
+        pairs |= {("cd", c, dt), ("cs", c, i), ("ds", dt, i)}
+        x = torch.randn(bs, L, V, generator=g).to(dt)
+        K = min(B, V)
+        lp, ids = tk.topk_logsumexp(x, K, cfg=cfg)
+        rlp, rids = top_log_probs(x, K)
+        assert (lp - rlp).abs().max() < 1e-4, (cfg, dt, bs, L, V, B)
+        if dt == torch.float32:  # 16-bit floats have exact ties, where any tie order is right
+            assert torch.equal(ids, rids), (cfg, bs, L, V, B)
+        else:
+            got = x.float().gather(-1, ids).sort(-1).values
+            assert torch.equal(got, x.float().topk(K, -1).values.sort(-1).values), (cfg, dt, bs, L, V, B)
+mine = [c for c, cfg in enumerate(CFGS) if cfg["impl"] == IMPL]
+assert len(pairs) == len(mine) * (3 + len(SHAPES)) + 3 * len(SHAPES), "not a pairwise covering"
+print("OK", len(mine) * len(SHAPES))
+"""
+
+TREE = """
+g = torch.Generator().manual_seed(0)
+F = ("tokens", "parents", "depths", "visibility", "valid")
+# the tree kernel (pruned beam; memory round trips or registers) == the torch beam:
+# L 15 with B 64 (the kernel's limits), several requests at B 32, V < K (5 < 33, 3 < 64), B 1
+n = 0
 for gat in (False, True):
-    for (bs, L, V, B) in [(2, 15, 300, 64), (3, 7, 1000, 32), (2, 9, 5, 33), (4, 4, 100, 1), (2, 6, 3, 64)]:
+    for (bs, L, V, B) in [(1, 15, 300, 64), (2, 7, 1000, 32), (1, 9, 5, 33), (2, 4, 100, 1), (1, 6, 3, 64)]:
         x = torch.randn(bs, L, V, generator=g) * 3
         K = min(B, V)
         lp, ids = top_log_probs(x, K)
         tr = tk.build_trees_from_top_triton(lp, ids, B, torch.arange(bs), gather=gat)
         ref = build_trees_from_top(lp, ids, B, torch.arange(bs))
-        for f in ("tokens", "parents", "depths", "visibility", "valid"):
+        for f in F:
             assert torch.equal(getattr(tr, f), getattr(ref, f)), (gat, bs, L, V, B, f)
+        n += 1
 # exact score ties (integer logits: equal sums along different paths): the
 # register path (running global top-B, ancestor mask by stores) == the memory path
-for (bs, L, V, B) in [(2, 7, 40, 32), (3, 5, 20, 16)]:
+for (bs, L, V, B) in [(2, 7, 40, 32), (2, 5, 20, 16)]:
     x = (torch.randn(bs, L, V, generator=g) * 3).round()
     lp, ids = top_log_probs(x, min(B, V))
     mem = tk.build_trees_from_top_triton(lp, ids, B, torch.arange(bs), gather=False)
     reg = tk.build_trees_from_top_triton(lp, ids, B, torch.arange(bs), gather=True)
-    for f in ("tokens", "parents", "depths", "visibility", "valid"):
+    for f in F:
         assert torch.equal(getattr(reg, f), getattr(mem, f)), ("ties", bs, L, V, B, f)
+    n += 1
+print("OK", n)
+"""
+
+FUSED_DEFAULT = """
+g = torch.Generator().manual_seed(0)
 # v0 top-K + merge + tree in one launch (the last program of a row / of a
 # request doing the next step), v2 with the compacted element sort (ecap; tiny
 # V falls back to the full sort); == the same top-K followed by the tree
 # kernel, counters back at 0
-fused = [({"impl": "v0", "chunk": 256, "mpack32": True, "fuse": True, "tree": True}, torch.float32, (2, 3, 700, 16)),
-         ({"impl": "v0", "chunk": 256, "mpack32": True, "fuse": True, "tree": True}, torch.bfloat16, (3, 2, 1000, 33)),
+fused = [({"impl": "v0", "chunk": 256, "mpack32": True, "fuse": True, "tree": True}, torch.float32, (2, 2, 700, 16)),
+         ({"impl": "v0", "chunk": 256, "mpack32": True, "fuse": True, "tree": True}, torch.bfloat16, (2, 2, 1000, 33)),
          ({"impl": "v2", "chunk": 256, "S": 16, "epack32": True, "hier": 4, "ecap": 64},
-          torch.bfloat16, (2, 3, 700, 16)),
+          torch.bfloat16, (2, 2, 700, 16)),
          ({"impl": "v2", "chunk": 256, "S": 16, "epack32": True, "ecap": 16}, torch.float16, (1, 2, 5, 8)),
          ({"impl": "v2", "chunk": 256, "S": 16, "epack32": True, "hier": 4, "ecap": 64},
-          torch.bfloat16, (2, 2, 3000, 8))]
+          torch.bfloat16, (1, 2, 3000, 8))]
+n = 0
 for cfg, dt, (bs, L, V, B) in fused:
     x = torch.randn(bs, L, V, generator=g).to(dt) * 3
     root = torch.arange(bs) + 7
@@ -86,21 +129,44 @@ for cfg, dt, (bs, L, V, B) in fused:
         for b in range(bs):
             assert tr.paths(b) == build_tree(x[b], B).paths(), (cfg, bs, L, V, B)
     assert int(tk._counters(x.device, 1).abs().sum()) == 0, cfg
-# end to end, default configuration (bs * L > 64 rows: the "large" configuration)
-for (bs, L, V, B) in [(2, 3, 50, 8), (1, 1, 2, 1), (2, 4, 700, 16), (1, 3, 3, 5), (33, 2, 300, 8)]:
+    n += 1
+# end to end, default configuration: the "small" one up to CONFIG["small_rows"]
+# rows, the "large" one just above
+regimes = set()
+for (bs, L, V, B) in [(2, 3, 50, 8), (1, 1, 2, 1), (2, 2, 700, 16), (1, 3, 3, 5),
+                      (tk.CONFIG["small_rows"] // 2 + 1, 2, 300, 8)]:
+    regimes.add("large" if tk.regime_config(bs * L, V) is tk.CONFIG["large"] else "small")
     x = torch.randn(bs, L, V, generator=g)
     tr = build_trees(x, B, torch.arange(bs), impl="triton")
     for b in range(bs):
         assert tr.paths(b) == build_tree(x[b], B).paths(), (bs, L, V, B)
     assert tr.tokens[:, 0].tolist() == list(range(bs))
-print("OK")
+    n += 1
+assert regimes == {"small", "large"}, regimes
+print("OK", n)
 """
 
+PARTS = {  # part: (code, printed count, cost estimate in seconds)
+    "topk_v0": ("IMPL = 'v0'" + TOPK, 24, 60),
+    "topk_v2": ("IMPL = 'v2'" + TOPK, 30, 60),
+    "tree": (TREE, 12, 55),
+    "fused_default": (FUSED_DEFAULT, 10, 45),
+}
 
-def test_triton_kernels_in_interpreter():
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=SRC)
+
+def _env():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([SRC, HERE]))
     env.pop("SGLANG_DDTREE_DISABLE_TRITON", None)
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(CODE)], capture_output=True, text=True,
-                       env=env, timeout=1500)  # ~630 s on this 2-core machine under load
-    assert p.returncode == 0 and p.stdout.strip().endswith("OK"), p.stderr[-4000:]
+    return env
+
+
+for _part, (_code, _n, _cost) in PARTS.items():
+    subprocess_job(f"interp:{_part}", [sys.executable, "-c", textwrap.dedent(PRELUDE + _code)], env=_env(),
+                   timeout=1200, cost=_cost)
+
+
+@pytest.mark.parametrize("part", [pytest.param(p, marks=pytest.mark.subprocess_job(f"interp:{p}")) for p in PARTS])
+def test_triton_kernels_in_interpreter(part):
+    pytest.importorskip("triton")
+    p = job_result(f"interp:{part}")
+    assert p.returncode == 0 and p.stdout.strip().endswith(f"OK {PARTS[part][1]}"), p.stdout[-2000:] + p.stderr[-4000:]

@@ -35,17 +35,19 @@ import json
 import os
 import random
 import re
-import subprocess
 import sys
 import types
 
 import pytest
 import torch
 
+from conftest import job_result, subprocess_job
 from test_worker_step import PagedLM, V, D  # noqa: F401  (same toy model)
 
 
-N_NEW = 16  # tokens generated per request: enough steps to cross several accept/commit rounds
+# tokens generated per request: enough steps to cross several accept/commit rounds
+# (the interpreter run below: 9, still 2-3 steps per request)
+N_NEW = int(os.environ.get("DDTREE_TEST_N_NEW") or 16)
 
 
 class Rec:
@@ -423,15 +425,21 @@ def test_ddtree_decode_step_equals_autoregressive(stubbed, L, B, bs, hit, graph)
         assert sum(accept) / len(accept) > 0.9 * (min(L, B) + 1)
 
 
+_INTERP_ENV = dict(os.environ, TRITON_INTERPRET="1", SGLANG_DDTREE_DISABLE_TRITON="0", DDTREE_TEST_EXPECT_TRITON="1",
+                   DDTREE_TEST_N_NEW="9")
+subprocess_job("decode:interp",
+               [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.abspath(__file__),
+                "-k", "test_ddtree_decode_step_equals_autoregressive and "
+                      "(4-11-3-0.8-graph-head or 7-7-3-1.0-eager-head)"],
+               env=_INTERP_ENV, cwd=os.path.dirname(os.path.abspath(__file__)), timeout=900, cost=50)
+
+
+@pytest.mark.subprocess_job("decode:interp")
 def test_ddtree_decode_with_triton_head_in_interpreter():
     """The same decode steps with the head's fused Triton kernels (LM head, top-K +
     lse, tree kernel into the static buffers; draft-graph mode with padding, and
-    eager), run by Triton's CPU interpreter: output == autoregressive greedy."""
+    eager), run by Triton's CPU interpreter (with the shortcuts of interp_fast.py;
+    9 new tokens per request: 2-3 steps each): output == autoregressive greedy."""
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", SGLANG_DDTREE_DISABLE_TRITON="0", DDTREE_TEST_EXPECT_TRITON="1")
-    here = os.path.dirname(os.path.abspath(__file__))
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.abspath(__file__),
-                        "-k", "test_ddtree_decode_step_equals_autoregressive and "
-                              "(4-11-3-0.8-graph-head or 7-7-3-1.0-eager-head)"],
-                       capture_output=True, text=True, env=env, cwd=here, timeout=900)
+    p = job_result("decode:interp")
     assert p.returncode == 0 and re.search(r"\b2 passed", p.stdout), p.stdout[-4000:] + p.stderr[-2000:]

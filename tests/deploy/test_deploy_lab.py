@@ -196,7 +196,6 @@ def test_interrupted_deploy_keeps_old_release_and_next_deploy_resumes(clean_lab,
     assert 0 < o["drafter_bytes_sent"] < 96 << 20
 
 
-@pytest.mark.long  # CI covers the guard's revert in test_fleet_lab (lab2, kill -9 mid-wave) and test_rollback_truth_lab
 def test_controller_killed_after_switch_the_host_reverts_by_itself(clean_lab, ops, tmp_path):
     """The guard timer: a deploy whose controller dies between switch and verdict must not
     leave an unjudged release serving."""

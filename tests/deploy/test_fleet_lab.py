@@ -67,7 +67,7 @@ def fleet(lab_fleet, tmp_path_factory):
     for h in lab_fleet:
         reset_host(h)
     inv = tmp_path_factory.mktemp("fleet") / "lab-fleet"
-    shutil.copytree(REPO / "inventories" / "lab-fleet", inv)
+    shutil.copytree(lab_fleet[0].inventory_dir, inv)   # lab1..lab3 at the addresses of this run's nodes
     ops = Ops(inv)
     t0 = time.monotonic()
     proc = ops("deploy", "ar-tp8", "--yes", "--skip-checks", timeout=900)

@@ -19,7 +19,6 @@ import pytest
 
 from opsctl.config import load_inventory
 from opsctl.host.connection import SSHConnection
-from opsctl.lab import constants as C
 
 pytestmark = pytest.mark.lab
 FAST = ("--yes", "--no-gate", "--skip-checks")
@@ -67,7 +66,7 @@ def test_every_consumer_goes_through_the_jump_host(clean_lab, ops, jump_inventor
     finally:
         conn.close()
     node, via = (res.stdout.splitlines() + ["", ""])[:2]
-    assert node == C.HOSTNAME and via.split()[0] == "127.0.0.1" and via.split()[2:] == ["127.0.0.1", "22"], res.stdout
+    assert node == clean_lab.hostname and via.split()[0] == "127.0.0.1" and via.split()[2:] == ["127.0.0.1", "22"], res.stdout
     proc = ops("status", inventory=jump_inventory)
     assert proc.returncode == 0, proc.stderr
 
@@ -93,7 +92,7 @@ def test_every_consumer_goes_through_the_jump_host(clean_lab, ops, jump_inventor
     bad = [r for r in (report or {}).get("results", []) if not r["ok"]]
     assert rc == 0 and report["ok"], f"{err}\n{json.dumps(bad, indent=1)}"
     reach = next(r for r in report["results"] if r["check"] == "ssh_reachable")
-    assert reach["message"].endswith(f"-> root on {C.HOSTNAME}"), reach
+    assert reach["message"].endswith(f"-> root on {clean_lab.hostname}"), reach
 
     # every consumer's logins came in over the guest's loopback: paramiko (twice), ansible, rsync, testinfra
     assert accepted_via_loopback(clean_lab) - logins >= 5

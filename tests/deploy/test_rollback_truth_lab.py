@@ -66,10 +66,12 @@ def status(inv: Path) -> dict:
     return json.loads(p.stdout)[0]
 
 
-def no_orphans() -> str:
-    """ansible-playbook or rsync children of a dead controller still running here."""
-    return subprocess.run(["pgrep", "-af", "ansible-playbook .*prepare.yml|rsync .*opsctl"], capture_output=True,
-                          text=True).stdout.strip()
+def no_orphans(lab, inv: Path) -> str:
+    """ansible-playbook or rsync children of a dead controller (deploying INV to LAB) still running here;
+    those of another test worker's deploy, to its own lab host, are not this controller's."""
+    out = subprocess.run(["pgrep", "-af", "ansible-playbook .*prepare.yml|rsync .*opsctl"], capture_output=True,
+                         text=True).stdout
+    return "\n".join(line for line in out.splitlines() if str(inv) in line or lab.address in line)
 
 
 class Controller:
@@ -93,14 +95,13 @@ class Controller:
 
 
 @pytest.fixture(scope="module")
-def truth_lab(clean_lab, tmp_path_factory):
+def truth_lab(clean_lab, baselined, tmp_path_factory):
     """ar-tp8 judged and live, its baseline stored; an inventory with a short guard."""
     inv = tmp_path_factory.mktemp("inv") / "inv"
     shutil.copytree(clean_lab.inventory_dir, inv)
     gv = inv / "group_vars/all.yml"
     gv.write_text(gv.read_text().replace("  keep_releases: 5", "  keep_releases: 8\n  guard_s: 15"))
-    p = opsctl("deploy", "ar-tp8", "--yes", "--skip-checks", inv=inv)
-    assert p.returncode == 0, p.stdout + p.stderr
+    baselined.restore(clean_lab)
     clean_lab.inv = inv
     clean_lab.baseline = live(clean_lab)["current"]
     return clean_lab
@@ -134,7 +135,7 @@ def test_controller_killed_after_the_switch(truth_lab, step):
         c.kill_at(f"] {step:<10} ...")
     finally:
         truth_lab.clear_faults()
-    assert no_orphans() == ""
+    assert no_orphans(truth_lab, truth_lab.inv) == ""
     # meanwhile status tells the truth: an unjudged release, an unfinished deploy, no borrowed verdict
     st = status(truth_lab.inv)
     assert st["release"].startswith("ddtree-b4-") and st["judged"] is False
@@ -190,13 +191,15 @@ def test_the_guard_waits_for_the_host_lock(truth_lab):
         c = Controller("ddtree", "--budget", "8", *FAST, inv=truth_lab.inv)
         c.kill_at("] ready      ...")
         # another operator's command holds the host lock past the guard's 15 s
-        holder = subprocess.Popen(truth_lab.ssh_argv(f"flock {ROOT}/.lock sleep 30"), stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)
+        truth_lab.run(f"systemd-run --quiet --unit opsctl-test-lock-holder flock {ROOT}/.lock sleep 120", check=True)
         try:
-            time.sleep(22)
-            assert live(truth_lab)["current"].startswith("ddtree-b8-")  # the guard waits, it does not cut in
+            # the guard's timer fired and its switch waits for the lock (flock -w 900): it does not cut in
+            assert wait_until(lambda: truth_lab.run("systemctl is-active opsctl-guard-sglang-k26.service",
+                                                    check=False).stdout.strip() == "active", 60, 0.5)
+            time.sleep(2)
+            assert live(truth_lab)["current"].startswith("ddtree-b8-")
         finally:
-            holder.wait(60)
+            truth_lab.run("systemctl stop opsctl-test-lock-holder; systemctl reset-failed opsctl-test-lock-holder; true")
     assert wait_until(lambda: live(truth_lab)["current"] == good, 60, 1)
 
 
@@ -285,7 +288,7 @@ def test_controller_killed_before_the_switch_leaves_no_orphan_and_nothing_live_c
     c = Controller("ddtree", "--budget", "10", *FAST, inv=inv)
     c.kill_at(f"] {step:<10} ...")
     time.sleep(1.5)
-    assert no_orphans() == ""
+    assert no_orphans(truth_lab, inv) == ""
     assert live(truth_lab) == before and health(truth_lab) == 200
     st = status(inv)
     assert st["release"] == before["current"] and st["judged"] is True

@@ -31,7 +31,7 @@ def ledger(lab) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def tuned_lab(clean_lab, tmp_path_factory):
+def tuned_lab(clean_lab, baselined, tmp_path_factory):
     """ar-tp8 live; the gate's levels 1 and 32 (DDTree wins at 1, loses at 32 in the model)."""
     inv = tmp_path_factory.mktemp("tune") / "inv"
     shutil.copytree(clean_lab.inventory_dir, inv)
@@ -39,8 +39,7 @@ def tuned_lab(clean_lab, tmp_path_factory):
     gv.write_text(gv.read_text().replace("concurrency: [1, 4, 8]", "concurrency: [1, 32]")
                   .replace("max_concurrency: 32", "max_concurrency: 64").replace("cuda_graph_max_bs: 32",
                                                                                  "cuda_graph_max_bs: 64"))
-    p = opsctl("deploy", "ar-tp8", "--yes", "--skip-checks", inv=inv)
-    assert p.returncode == 0, p.stdout + p.stderr
+    baselined.restore(clean_lab)   # benched at 1 and 32 among its levels
     clean_lab.inv = inv
     clean_lab.baseline = current(clean_lab)
     return clean_lab
@@ -76,7 +75,6 @@ def test_tune_finds_the_budget_per_level_measures_its_schedule_and_restores_the_
     assert (tmp_path / "t" / "tune.png").stat().st_size > 5000
 
 
-@pytest.mark.long  # CI covers the decision in test_tune_logic (keep the baseline) and the tune flow in the other lab tests
 def test_tune_says_keep_the_baseline_when_no_budget_wins(tuned_lab, tmp_path):
     with tuned_lab.fault("accept_collapse", algorithm="DDTREE"):
         p = opsctl("tune", "ddtree", "--budgets", "8,32", "--concurrency", "1", "--yes", "--json",

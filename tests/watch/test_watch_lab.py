@@ -4,7 +4,7 @@ The tests run in file order and share the host: a gated baseline, a gated DDTree
 release that decays after promotion and is switched back by the watch alone, then the
 watch's other behaviours on that host. Load runs inside the guest (opsctl.lab.load,
 a bounded transient unit); the notify receiver listens on the lab's host-side
-address (10.203.9.1), reachable from the guest only through the lab's veth.
+address (10.203.9.1 for lab1), reachable from the guest only through the lab's veth.
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import time
 
 import pytest
 
-from opsctl.lab import constants as C
 from opsctl.lab import load
 
 pytestmark = pytest.mark.lab
@@ -25,6 +24,7 @@ INTERVAL, WINDOW, MIN_SAMPLES = 2, 10, 3
 YES = ("--yes", "--skip-checks")
 FAST = ("--yes", "--skip-checks", "--no-gate")
 HOOK_FILE = "/run/opsctl-lab/watch-events.jsonl"
+ONSET_FILE = "/run/opsctl-lab/decay.onset"   # the accept_decay fault starts when the test touches it
 
 
 class _Receiver(http.server.BaseHTTPRequestHandler):
@@ -40,17 +40,18 @@ class _Receiver(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def _inventory(lab, dest, port: int, mode: str = "rollback", window: int = WINDOW):
+def _inventory(lab, dest, port: int, mode: str = "rollback", window: int = WINDOW, restart_sec: int = 30):
     shutil.copytree(lab.inventory_dir, dest)
     gv = dest / "group_vars/all.yml"
-    gv.write_text(gv.read_text() + f"""  watch:
+    gv.write_text(gv.read_text() + f"""  restart_sec: {restart_sec}
+  watch:
     enabled: true
     mode: {mode}
     interval_s: {INTERVAL}
     window_s: {window}
     min_samples: {MIN_SAMPLES}
     notify:
-      url: http://{C.HOST_IP}:{port}/hook
+      url: http://{lab.host_ip}:{port}/hook
       command: cat >> {HOOK_FILE}
 """)
     return dest
@@ -59,7 +60,7 @@ def _inventory(lab, dest, port: int, mode: str = "rollback", window: int = WINDO
 @pytest.fixture(scope="module")
 def wl(clean_lab, tmp_path_factory):
     """The lab with two watch inventories (rollback, alert) and a notify receiver."""
-    srv = http.server.ThreadingHTTPServer((C.HOST_IP, 0), _Receiver)
+    srv = http.server.ThreadingHTTPServer((clean_lab.host_ip, 0), _Receiver)
     _Receiver.events = []
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     base = tmp_path_factory.mktemp("watch-inv")
@@ -68,12 +69,13 @@ def wl(clean_lab, tmp_path_factory):
     ns.lab, ns.events = clean_lab, _Receiver.events
     ns.inv = _inventory(clean_lab, base / "rollback", port)
     ns.alert_inv = _inventory(clean_lab, base / "alert", port, mode="alert")
-    ns.crash_inv = _inventory(clean_lab, base / "crash", port, window=45)
+    # a unit that restarts 3 s after a crash: the loop's second failure comes seconds, not 30 s, after the first
+    ns.crash_inv = _inventory(clean_lab, base / "crash", port, window=45, restart_sec=3)
     clean_lab.run(f"rm -f {HOOK_FILE}")
     try:
         yield ns
     finally:
-        load.stop()
+        load.stop(node=clean_lab.node)
         srv.shutdown()
         srv.server_close()
 
@@ -106,11 +108,6 @@ def wait_for(pred, timeout: float, step: float = 1.0):
     return pred()
 
 
-def unit_start_epoch(lab) -> float:
-    out = lab.run("systemctl show --timestamp=unix -p ExecMainStartTimestamp --value sglang-k26").stdout.strip()
-    return float(out.lstrip("@"))
-
-
 def restart_service(lab) -> None:
     lab.run("systemctl restart sglang-k26", check=True, timeout=60)
     probe = ("python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:30000/health_generate', "
@@ -132,19 +129,21 @@ def test_decayed_ddtree_is_switched_back_to_the_baseline_by_the_host_alone(wl, o
     lab = wl.lab
     base = deploy(ops, wl.inv, "ar-tp8", *YES)                        # gated: its bench becomes the baseline curve
     assert lab.run("systemctl is-active opsctl-watch-sglang-k26").stdout.strip() == "active"
-    after_s, over_s, target = 90.0, 2.0, 1.5   # after_s: longer than the gated deploy takes from its switch
-    with lab.fault("accept_decay", after_s=after_s, over_s=over_s, accept_len=target, algorithm="DDTREE"):
+    over_s, target = 2.0, 1.5
+    lab.run(f"rm -f {ONSET_FILE}")
+    # healthy until the onset file exists: the gated deploy judges a good release, however long it takes
+    with lab.fault("accept_decay", onset_file=ONSET_FILE, over_s=over_s, accept_len=target, algorithm="DDTREE"):
         t_deploy = time.monotonic()
         ddt = deploy(ops, wl.inv, "ddtree", "--budget", "16", *YES)  # gated: healthy while it is judged
         deploy_s = time.monotonic() - t_deploy
         assert ddt["result"] == "promoted"
-        load.start(150, cmin=2, cmax=6, out_min=32, out_max=128)
-        # from here on no opsctl process runs on this machine: only the host's watch can act
-        # the collapse starts after_s after the server's start (the unit's start precedes the emulator's
-        # own clock, so onset errs early: the measured time errs long); within over_s = 2 s the accept
-        # length is below the floor and the throughput below 0.7 x the baseline's
-        onset = unit_start_epoch(lab) + after_s
-        switched = wait_for(lambda: current(lab) == base["release"], timeout=after_s + over_s + WINDOW + 60)
+        load.start(150, cmin=2, cmax=6, out_min=32, out_max=128, node=lab.node)
+        # from here on no opsctl process runs on this machine: only the host's watch can act.
+        # The collapse starts now; within over_s = 2 s the accept length is below the floor and
+        # the throughput below 0.7 x the baseline's
+        onset = float(lab.run(f"touch {ONSET_FILE} && python3 -c 'import os; print(os.stat(\"{ONSET_FILE}\").st_mtime)'",
+                              check=True).stdout)
+        switched = wait_for(lambda: current(lab) == base["release"], timeout=over_s + WINDOW + 60)
     assert switched, "the watch never switched back"
     rec = [r for r in ledger(lab) if r["action"] == "rollback"][-1]
     assert rec["result"] == "ok" and rec["who"].startswith("opsctl-watch@") and rec["automatic"]
@@ -181,7 +180,7 @@ def test_decayed_ddtree_is_switched_back_to_the_baseline_by_the_host_alone(wl, o
     assert st["summary"]["state"] == "tripped" and st["tripped"]["release"] == ddt["release"]
     proc = ops("status", inventory=wl.inv)
     assert proc.returncode == 0 and "tripped" in proc.stdout and "rollback of " + ddt["release"] in proc.stdout
-    load.stop()
+    load.stop(node=lab.node)
 
 
 def test_killed_watch_is_restarted_by_systemd_with_its_state(wl, ops):
@@ -214,7 +213,7 @@ def test_pause_stops_actions_and_resume_lets_it_act(wl, ops):
     live = current(lab)
     with lab.fault("accept_decay", after_s=0, over_s=1, accept_len=1.4, algorithm="DDTREE"):
         restart_service(lab)                                           # the release degrades from now on
-        load.start(90, cmin=3, cmax=5)
+        load.start(90, cmin=3, cmax=5, node=lab.node)
         st = wait_for(lambda: (s := watch_status(ops, wl.inv))["last"]["verdict"] == "breach" and s,
                       WINDOW + 6 * INTERVAL)
         assert st, "the breach was never seen"
@@ -226,7 +225,7 @@ def test_pause_stops_actions_and_resume_lets_it_act(wl, ops):
         rc, out, err = ops.json("watch", "resume", inventory=wl.inv)
         assert rc == 0, err
         assert wait_for(lambda: current(lab).startswith("ar-tp8-"), WINDOW + 3 * INTERVAL), "no action after resume"
-    load.stop()
+    load.stop(node=lab.node)
     kinds = [(r["action"], r.get("result")) for r in ledger(lab)[-3:]]
     assert kinds == [("watch", "paused"), ("watch", "resumed"), ("rollback", "ok")]
 
@@ -236,11 +235,11 @@ def test_alert_mode_only_notifies(wl, ops):
     n_events = len(wl.events)
     with lab.fault("accept_decay", after_s=0, over_s=1, accept_len=1.4, algorithm="DDTREE"):
         ddt = deploy(ops, wl.alert_inv, "ddtree", "--budget", "16", *FAST)   # re-arms; the watch now alerts only
-        load.start(90, cmin=3, cmax=5)
+        load.start(90, cmin=3, cmax=5, node=lab.node)
         assert wait_for(lambda: len(wl.events) > n_events, WINDOW + 6 * INTERVAL), "no alert"
         time.sleep(2 * INTERVAL)
         assert current(lab) == ddt["release"]
-    load.stop()
+    load.stop(node=lab.node)
     ev = wl.events[-1]
     assert ev["event"] == "alert" and ev["switched"] is False and ev["release"] == {"live": ddt["release"]}
     rec = ledger(lab)[-1]
@@ -248,7 +247,6 @@ def test_alert_mode_only_notifies(wl, ops):
     assert len(wl.events) == n_events + 1                             # once per deploy, not every interval
 
 
-@pytest.mark.long  # CI keeps test_missing_metrics_never_switch as the lab's never-switch case
 def test_idle_release_is_never_switched(wl, ops):
     lab = wl.lab
     with lab.fault("accept_decay", after_s=0, over_s=1, accept_len=1.4, algorithm="DDTREE"):
@@ -264,18 +262,18 @@ def test_missing_metrics_never_switch(wl, ops):
     with lab.fault("accept_decay", after_s=0, over_s=1, accept_len=1.4, algorithm="DDTREE"):
         lab.set_fault("metrics_off", algorithm="DDTREE")
         ddt = deploy(ops, wl.inv, "ddtree", "--budget", "10", *FAST)
-        load.start(60, cmin=3, cmax=5)
+        load.start(60, cmin=3, cmax=5, node=lab.node)
         time.sleep(WINDOW + 3 * INTERVAL)
         st = watch_status(ops, wl.inv)
-    load.stop()
+    load.stop(node=lab.node)
     assert current(lab) == ddt["release"]
     assert st["summary"]["state"] == "unknown" and st["tripped"] is None
     assert all(s["status"] == "unknown" and "404" in s["why"] for s in st["samples"][-3:])
 
 
 def test_crash_loop_is_rolled_back(wl, ops):
-    """A release that starts crashing minutes after promotion: the unit's Restart= makes it a loop
-    (RestartSec=30), the watch's restarts rule (more than 1 failure in the window) switches back."""
+    """A release that starts crashing after promotion: the unit's Restart= makes it a loop
+    (restart_sec: 3 here), the watch's restarts rule (more than 1 failure in the window) switches back."""
     lab = wl.lab
     with lab.fault("crash_loop", after_s=4, every_s=1, algorithm="DDTREE"):
         ddt = deploy(ops, wl.crash_inv, "ddtree", "--budget", "8", *FAST)

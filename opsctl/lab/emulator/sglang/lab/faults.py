@@ -27,8 +27,11 @@ code_wins_chat_loses code=1.35, math=0.9, chat=0.08            acceptance by dom
 
 Faults that start healthy and degrade after a delay (seconds since the server
 process started, so a release can pass its deploy gates first):
-accept_decay         after_s=60, over_s=30, accept_len=1.5     accept length falls linearly from the healthy
-                                                               value to accept_len over over_s (speculative only)
+accept_decay         after_s=60, over_s=30, accept_len=1.5,    accept length falls linearly from the healthy
+                     onset_file=""                             value to accept_len over over_s (speculative only);
+                                                               with onset_file, the fall starts at that file's
+                                                               mtime once it exists (a test starts the decay
+                                                               when it wants: `touch FILE` in the guest)
 error_burst          after_s=60, duration_s=30, rate=0.5       that share of the requests finishing in the burst
                                                                are aborted (HTTP 500, num_aborted_requests_total)
 crash_loop           after_s=120, every_s=5, exit_code=1       the scheduler dies after_s after the first start
@@ -53,7 +56,7 @@ DEFAULTS: dict[str, dict] = {
     "port_in_use": {},
     "random_loop": {"text_factor": 0.08, "ids_factor": 1.6},
     "code_wins_chat_loses": {"code": 1.35, "math": 0.9, "chat": 0.08},
-    "accept_decay": {"after_s": 60.0, "over_s": 30.0, "accept_len": 1.5},
+    "accept_decay": {"after_s": 60.0, "over_s": 30.0, "accept_len": 1.5, "onset_file": ""},
     "error_burst": {"after_s": 60.0, "duration_s": 30.0, "rate": 0.5},
     "crash_loop": {"after_s": 120.0, "every_s": 5.0, "exit_code": 1},
     "metrics_off": {},

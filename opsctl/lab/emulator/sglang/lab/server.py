@@ -226,9 +226,27 @@ class Emulator:
         return start <= now < start + float(self.burst.get("duration_s", 30.0))
 
     def _decay_frac(self, now: float) -> float:
-        """How far the accept_decay fault has gone: 0 until after_s, 1 from after_s + over_s."""
+        """How far the accept_decay fault has gone: 0 until after_s, 1 from after_s + over_s
+        (or, with onset_file, from that file's modification time on)."""
         after, over = float(self.decay.get("after_s", 60.0)), max(float(self.decay.get("over_s", 30.0)), 1e-9)
+        if self.decay.get("onset_file"):
+            onset = self._decay_onset(now)
+            return 0.0 if onset is None else min(max((now - onset) / over, 0.0), 1.0)
         return min(max((now - self.t_start - after) / over, 0.0), 1.0)
+
+    def _decay_onset(self, now: float) -> float | None:
+        """The onset file's mtime on the monotonic clock, once it exists (looked up at most twice a second)."""
+        if getattr(self, "_onset", None) is not None:
+            return self._onset
+        if now < getattr(self, "_onset_checked", 0.0) + 0.5:
+            return None
+        self._onset_checked = now
+        try:
+            mtime = os.stat(str(self.decay["onset_file"])).st_mtime
+        except OSError:
+            return None
+        self._onset = now - max(time.time() - mtime, 0.0)
+        return self._onset
 
     def _reap(self) -> None:
         done = [r for r in self.running if r.finished]
