@@ -38,7 +38,8 @@ def structure_ok(tr, L):
     cur = idx.clone()
     alive = valid.clone()
     for _ in range(L + 1):
-        anc |= torch.nn.functional.one_hot(cur, N).bool() & alive.unsqueeze(-1)
+        # anc[b, i, cur[b, i]] |= alive[b, i] (a one-hot row per node, as bool)
+        anc |= torch.zeros_like(vis).scatter_(2, cur.unsqueeze(-1), alive.unsqueeze(-1))
         nxt = parents.gather(1, cur)
         alive &= nxt >= 0
         cur = nxt.clamp(min=0)

@@ -23,18 +23,16 @@ The GPU run (timing, CUDA graph, exactness at V 20480 / 163840) is
 runtime/bench/bench_head.py.
 """
 
-import os
-import sys
 import textwrap
 
 import pytest
 import torch
 
-from conftest import HERE, SRC, job_result, subprocess_job
+from conftest import interp_job, job_result
 
 PRELUDE = r"""
 import interp_fast
-assert interp_fast.install() or __import__("os").environ.get("DDTREE_TEST_INTERP_FASTPATH") == "0"
+interp_fast.install()
 import torch
 from sglang_ddtree import build_trees
 from sglang_ddtree import triton_kernels as tk
@@ -146,9 +144,10 @@ for m2d in (False, True):
 # equal values the larger index first (v >= +0) / the smaller first (v < 0) -- the
 # order that makes a merge of vocabulary shards agree with one kernel over the row
 # (run 1 on the H200 found the two-level group choice ordering equal group maxima by
-# super-group rank instead).  Rows of 2048 values in 0..3 (or -4..-1): hundreds of
-# ties, several chunks, more super-groups than K.  Each configuration with both
-# signs and both dtypes (pairwise: configuration x sign x dtype)
+# super-group rank instead).  Rows of values in 0..3 (or -4..-1): hundreds of
+# ties, several chunks (1024 values), more super-groups than K (2048 values with
+# "hier").  Each configuration with both signs and both dtypes (pairwise:
+# configuration x sign x dtype)
 def canonical(x, K):
     out = []
     for r in range(x.shape[0]):
@@ -161,7 +160,8 @@ for c, cfg in enumerate((LARGE, {"impl": "v2", "chunk": 256, "S": 16, "epack32":
     for j, sgn in enumerate((1, -1)):
         dt = (torch.bfloat16, torch.float32)[(c + j) % 2]
         pairs |= {("cs", c, sgn), ("cd", c, dt), ("sd", sgn, dt)}
-        x = (torch.randint(0, 4, (2, 2048), generator=g) * sgn - int(sgn < 0)).to(torch.bfloat16).to(dt)
+        V = 2048 if cfg.get("hier") else 1024
+        x = (torch.randint(0, 4, (2, V), generator=g) * sgn - int(sgn < 0)).to(torch.bfloat16).to(dt)
         lp = torch.empty(2, 16)
         ids = torch.empty(2, 16, dtype=torch.int64)
         tk.topk_rows(x, 2, 16, lp, ids, cfg=cfg)
@@ -178,23 +178,16 @@ for (bs, blk, H, c0, c1) in [(3, 4, 40, 0, 3), (3, 4, 40, 1, 3), (2, 8, 1100, 0,
 print("OK", n)
 """
 
-PARTS = {  # part: (code, printed count, cost estimate in seconds)
-    "tp1": ("TP = 1" + CASES, 6, 60),
-    "tp2": ("TP = 2" + CASES, 3, 50),
-    "tp3": ("TP = 3" + CASES, 3, 55),
-    "gemm_merge_order": (GEMM_MERGE_ORDER, 19, 55),
+PARTS = {  # part: (code, printed count, CPU seconds (order of the jobs))
+    "tp1": ("TP = 1" + CASES, 6, 18),
+    "tp2": ("TP = 2" + CASES, 3, 25),
+    "tp3": ("TP = 3" + CASES, 3, 17),
+    "gemm_merge_order": (GEMM_MERGE_ORDER, 19, 28),
 }
 
 
-def _env():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([SRC, HERE]))
-    env.pop("SGLANG_DDTREE_DISABLE_TRITON", None)
-    return env
-
-
 for _part, (_code, _n, _cost) in PARTS.items():
-    subprocess_job(f"head:{_part}", [sys.executable, "-c", textwrap.dedent(PRELUDE + _code)], env=_env(),
-                   timeout=1200, cost=_cost)
+    interp_job(f"head:{_part}", textwrap.dedent(PRELUDE + _code), cost=_cost)
 
 
 @pytest.mark.parametrize("part", [pytest.param(p, marks=pytest.mark.subprocess_job(f"head:{p}")) for p in PARTS])

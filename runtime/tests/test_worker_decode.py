@@ -431,7 +431,7 @@ subprocess_job("decode:interp",
                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.abspath(__file__),
                 "-k", "test_ddtree_decode_step_equals_autoregressive and "
                       "(4-11-3-0.8-graph-head or 7-7-3-1.0-eager-head)"],
-               env=_INTERP_ENV, cwd=os.path.dirname(os.path.abspath(__file__)), timeout=900, cost=50)
+               env=_INTERP_ENV, cwd=os.path.dirname(os.path.abspath(__file__)), timeout=900, cost=38)
 
 
 @pytest.mark.subprocess_job("decode:interp")
