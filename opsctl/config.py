@@ -447,6 +447,7 @@ def resolve_profile(name: str, budget: int | None = None, *,
     budget schedule) applied. A schedule is checked against the batch sizes the server
     will capture, so a band that could never run is refused here, before any host I/O."""
     overrides = overrides or {}
+    cli_budget = budget
     if name not in BUILTIN_PROFILES and name not in overrides:
         import difflib
 
@@ -502,6 +503,10 @@ def resolve_profile(name: str, budget: int | None = None, *,
         schedule_mod.check_for_server(sched, capture_bs=prof.captured_batch_sizes,
                                       allow_torch_beam=prof.tree_torch_fallback,
                                       what="--budget-schedule" if budget_schedule is not None else "budget_schedule")
+    elif prof.kind == "ddtree" and prof.budget is not None:  # --budget N: the one-band schedule 1:N, same limits
+        schedule_mod.check_budget(prof.budget, allow_torch_beam=prof.tree_torch_fallback,
+                                  what=f"--budget {prof.budget}" if cli_budget is not None
+                                  else f"opsctl.profiles.{name}.budget {prof.budget}")
     return prof
 
 
