@@ -94,7 +94,9 @@ class HostState:
 
     def last_good(self, exclude: str | None = None) -> str | None:
         """The newest release that was promoted (passed its gates) or put back by a
-        rollback, other than `exclude`, that still exists on the host."""
+        rollback, other than `exclude`, that still exists on the host. An operator's
+        rollback is not a verdict: a release whose gate verdict failed is never last good,
+        even while it serves after `rollback --to RELEASE --force`."""
         rejected: set[str] = set()  # rolled back from by the host-side watch after it was promoted
         for rec in reversed(self.ledger):
             rel = rec.get("to_release")
@@ -102,9 +104,16 @@ class HostState:
                     and rec.get("from_release"):
                 rejected.add(rec["from_release"])
             if rec.get("action") in ("promote", "rollback") and rec.get("result") == "ok" and rel \
-                    and rel != exclude and rel in self.releases and rel not in rejected:
+                    and not rec.get("forced") and rel != exclude and rel in self.releases and rel not in rejected \
+                    and self.gate_failed(rel) is None:
                 return rel
         return None
+
+    def gate_failed(self, release: str | None) -> dict | None:
+        """The newest gate verdict of `release` if that verdict failed, else None (passed,
+        or never benchmarked)."""
+        verdict = self.verdict_for(release)
+        return verdict if verdict is not None and verdict.get("status") != "pass" else None
 
     def judged(self, release: str) -> bool:
         """Did the newest ledger record about `release` judge it good (promoted, or put
@@ -113,7 +122,7 @@ class HostState:
             if rec.get("to_release") != release:
                 continue
             if rec.get("action") in ("promote", "rollback"):
-                return rec.get("result") == "ok"
+                return rec.get("result") == "ok" and not rec.get("forced") and self.gate_failed(release) is None
             if rec.get("action") == "deploy" and (rec.get("result") == "started" or
                                                   (rec.get("result") == "interrupted" and rec.get("switched"))):
                 return False

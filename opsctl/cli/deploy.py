@@ -167,9 +167,13 @@ def register(app: typer.Typer) -> None:
         inventory: Optional[Path] = _common.InventoryOpt,
         limit: Optional[str] = _common.LimitOpt,
         reason: str = typer.Option("manual rollback", "--reason", help="Why, for the ledger."),
+        force: bool = typer.Option(False, "--force", help="Switch to a release whose gate verdict failed; it serves, "
+                                   "but the last good release stays the last one that passed its gate."),
         json_out: bool = _common.JsonOpt,
     ) -> None:
         """Switch back to the previous good release (or the one named), wait until it is ready, record it.
+
+        A release whose gate verdict failed is refused (exit 2) unless --force.
 
         Examples:
 
@@ -179,13 +183,15 @@ def register(app: typer.Typer) -> None:
         """
         _output.set_json(json_out)
         recs = rollback(_common.inventory(inventory), to, limit=limit, reason=reason,
-                             progress=_StepPrinter(json_out))
+                        progress=_StepPrinter(json_out), force=force)
         if json_out:
             _output.emit_json({"ok": True, "rollbacks": recs})
         else:
             for r in recs:
                 _output.info(f"[{r['host']}] rolled back {r.get('from_release')} -> {r['to_release']} "
-                             f"(ready in {r.get('ready_s')}s)")
+                             f"(ready in {r.get('ready_s')}s)"
+                             + (f"; forced: its gate verdict was {r.get('verdict')}, so it is not last good"
+                                if r.get("forced") else ""))
 
     @app.command("status")
     def status_cmd(inventory: Optional[Path] = _common.InventoryOpt, limit: Optional[str] = _common.LimitOpt,
@@ -219,7 +225,11 @@ def register(app: typer.Typer) -> None:
                     _output.info(f"[{r['host']}] note: the deploy of {u.get('to_release')} started {u.get('ts')} "
                                  "has not finished (running now, or its controller died; the host's guard timer "
                                  "reverts an unconfirmed release)")
-            if r["release"] and r.get("judged") is False:
+            if r["release"] and r.get("judged") is False and ((r.get("last_verdict") or {}).get("status")
+                                                               not in (None, "pass")):
+                _output.info(f"[{r['host']}] note: the live release {r['release']} failed its gate "
+                             f"({r['last_verdict']['status']}); the last good release is {r.get('last_good') or 'none'}")
+            elif r["release"] and r.get("judged") is False:
                 _output.info(f"[{r['host']}] note: the live release {r['release']} was never judged; the last good "
                              f"release is {r.get('last_good') or 'none'}")
             lv = r.get("last_verdict")
