@@ -54,12 +54,22 @@ class _StepPrinter:
 
 
 def _print_verdict(ev: dict) -> None:
-    rows = ev.get("rows") or []
-    if rows:
-        cols = list(rows[0].keys())
-        _output.table(f"{ev['host']}: verdict {ev.get('status', '').upper()}", cols, [[r.get(c) for c in cols] for r in rows])
+    """The verdict in 80 columns: a narrow table (opsctl.gates.level_table), its legend and one
+    line per level with the judged quantity, then the reasons and notes."""
+    tab = ev.get("table")
+    title = f"{ev['host']}: verdict {ev.get('status', '').upper()}"
+    if tab and tab.get("rows"):
+        _output.table(title, tab["columns"], tab["rows"], narrow=True)
+        for line in tab.get("lines") or []:
+            _output.info(f"  {line}")
+    elif ev.get("rows"):  # an event from an older controller's stream
+        cols = list(ev["rows"][0].keys())
+        _output.table(title, cols, [[r.get(c) for c in cols] for r in ev["rows"]])
     for reason in ev.get("reasons", []):
         _output.info(f"[{ev['host']}]   {reason}")
+    for note in ev.get("notes") or []:
+        if "no baseline at this level" in note:
+            _output.info(f"[{ev['host']}]   note: {note}")
 
 
 def _print_plan(plan: dict) -> None:
