@@ -92,25 +92,27 @@ def _progress_relay(progress: Callable[[Any], None] | None, rnd: int = 0) -> Cal
         return None
     from opsctl.bench.loadgen import ProgressEvent
 
-    started: set[tuple[int, int]] = set()
+    totals: dict[tuple[int, int], int] = {}  # (level, repeat) -> requests, from its progress lines
+    errors_of: dict[tuple[int, int], int] = {}
 
     def on_line(line: str) -> None:
         m = _PROGRESS.search(line)
         if m:
             c, rep, done, total, errors = (int(x) for x in m.groups())
             rep += rnd
-            if (c, rep) not in started:
-                started.add((c, rep))
+            if (c, rep) not in totals:
                 progress(ProgressEvent("level_start", c, rep - 1, 0, total, 0))
+            totals[(c, rep)], errors_of[(c, rep)] = total, errors
             progress(ProgressEvent("request_done", c, rep - 1, done, total, errors))
             return
         m = _LEVEL_END.search(line)
         if m:
             c, rep = int(m.group(1)), int(m.group(2)) + rnd
-            if (c, rep) not in started:
-                started.add((c, rep))
+            if (c, rep) not in totals:
+                totals[(c, rep)] = 1  # no progress line came first: a level of unknown size, shown as 1/1
                 progress(ProgressEvent("level_start", c, rep - 1, 0, 1, 0))
-            progress(ProgressEvent("level_end", c, rep - 1, 1, 1, 0))
+            total = totals[(c, rep)]  # the level ends at N/N, never at 1/N
+            progress(ProgressEvent("level_end", c, rep - 1, total, total, errors_of.get((c, rep), 0)))
 
     return on_line
 
