@@ -179,6 +179,9 @@ class RuntimeFacts(_Strict):
                                 description="the host's CPython (MAJOR.MINOR) the wheelhouse is built for")
     platform: str = Field("manylinux_2_34_x86_64", description="the host's platform tag the wheelhouse is built "
                           "for (manylinux_2_34 = glibc >= 2.34)")
+    wheelhouse_built_by: str | None = Field(None, description="the command that builds this wheelhouse when it is "
+                                            "not 'opsctl wheelhouse build' (the lab's host runs the SGLang emulator: "
+                                            "'opsctl lab up'); 'wheelhouse build' then refuses to resolve into it")
     runtime_wheel: Path | None = Field(None, description="prebuilt runtime wheel; default: build runtime/")
     runtime_source: Path | None = None
 

@@ -38,16 +38,15 @@ def _mib(n: int | None) -> str:
     return "?" if n is None else f"{n / 2**20:.1f} MiB"
 
 
-def _refuse_lab_wheelhouse(host: str, directory: Path) -> None:
-    """The lab's host runs the SGLang emulator: its wheelhouse is `opsctl lab up`'s (the emulator
-    and runtime wheels, nothing resolved), never the real SGLang set."""
-    from opsctl.lab import constants as lab
-
-    if directory.resolve() == Path(lab.WHEELHOUSE).resolve():
-        raise ConfigError(f"{host} runs the lab's SGLang emulator: its wheelhouse {directory} is built by "
-                          "'opsctl lab up' (the emulator and runtime wheels, nothing resolved), not from the real "
-                          "SGLang", "run 'opsctl lab up' to rebuild it; for a real SGLang set pass --out DIR "
-                          "(and --sglang V)")
+def _refuse_built_elsewhere(host, directory) -> None:
+    """A wheelhouse another command builds (the lab's host runs the SGLang emulator: its
+    wheelhouse is `opsctl lab up`'s, the emulator and runtime wheels, nothing resolved) is never
+    given the real SGLang set."""
+    by = host.runtime.wheelhouse_built_by
+    if by:
+        raise ConfigError(f"the wheelhouse of {host.name} ({directory}) is built by '{by}' "
+                          "(opsctl.runtime.wheelhouse_built_by), not resolved from the real SGLang",
+                          f"run '{by}' to rebuild it; for a real SGLang set pass --out DIR (and --sglang V)")
 
 
 @wheelhouse_app.command("build")
@@ -98,7 +97,7 @@ def build_cmd(
     rt = host.runtime if host else None
     directory = out or (rt.wheelhouse if rt else None)
     if host is not None and out is None:
-        _refuse_lab_wheelhouse(host.name, Path(directory))  # before anything is resolved
+        _refuse_built_elsewhere(host, directory)  # before anything is resolved
     requirements = [f"sglang=={sglang}"] if sglang else list(rt.base_requirements)
     target = wh.Target(python or rt.python_version, platform or rt.platform)
     wheels = list(add)

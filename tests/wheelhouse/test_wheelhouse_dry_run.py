@@ -44,7 +44,7 @@ def test_the_lab_hosts_wheelhouse_is_refused_before_resolving_the_real_sglang(ca
     monkeypatch.chdir(REPO)
     r = runner.invoke(wh_cli.wheelhouse_app, ["build", "--dry-run", "-i", "inventories/lab"])
     assert isinstance(r.exception, ConfigError) and r.exception.exit_code == 2, r.output
-    assert "runs the lab's SGLang emulator" in r.exception.problem and "opsctl lab up" in r.exception.fix
+    assert "is built by 'opsctl lab up'" in r.exception.problem and "run 'opsctl lab up'" in r.exception.fix
     assert calls == []  # nothing resolved
     # a real set for elsewhere, named with --out, is still allowed
     r = runner.invoke(wh_cli.wheelhouse_app, ["build", "--dry-run", "-i", "inventories/lab", "--out", "/tmp/wh-real"])
