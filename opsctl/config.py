@@ -26,6 +26,23 @@ from opsctl.host.ssh import SSHSettings
 ProfileKind = Literal["autoregressive", "dflash", "ddtree"]
 MAX_BUDGET = 1024
 
+# Values that reach a shell command on the host (paths, names, release ids built from profile
+# names) are held to these patterns when the inventory loads, so no quoting mistake downstream
+# can turn one into code (issue #32 item 10): no whitespace, quotes, $, `, ;, |, &, <, >, (, ), *, ?, ~
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+SAFE_PATH = re.compile(r"/(?:[A-Za-z0-9_.+@-]+/?)*")
+SAFE_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*(?:/[A-Za-z0-9][A-Za-z0-9_.+-]*)*")
+SAFE_USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+SAFE_ADDRESS = re.compile(r"[A-Za-z0-9.:\[\]-]+")
+
+
+def _safe(pattern: "re.Pattern[str]", value: Any, what: str, example: str) -> Any:
+    text = str(value)
+    if not pattern.fullmatch(text) or ".." in text.split("/"):
+        raise ValueError(f"{text!r} is not a safe {what} (it reaches shell commands on the host): "
+                         f"letters, digits and {example} only")
+    return value
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -70,6 +87,11 @@ class Profile(_Strict):
                                       "64 (the runtime then builds those trees with the slower torch beam)")
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        return _safe(SAFE_NAME, v, "profile name", "'_.+-' (e.g. ddtree-fast)")
 
     @model_validator(mode="after")
     def _kind_fields(self) -> "Profile":
@@ -165,6 +187,16 @@ class GPUFacts(_Strict):
 class ModelFacts(_Strict):
     path: PurePosixPath = Field(description="target model directory on the host; never copied")
     name: str = Field(description="served model name")
+
+    @field_validator("path")
+    @classmethod
+    def _safe_path(cls, v: PurePosixPath) -> PurePosixPath:
+        return _safe(SAFE_PATH, v, "absolute path", "'/_.+@-' (e.g. /srv/models/kimi-k2.6)")
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        return _safe(SAFE_MODEL_NAME, v, "model name", "'_.+-' and '/' between parts (e.g. kimi-k2.6)")
 
 
 class DrafterFacts(_Strict):
@@ -331,6 +363,26 @@ class HostSettings(_Strict):
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.@-]*", v) or v.endswith(".service"):
             raise ValueError("service_name must be a bare unit name like 'sglang-k26' (no .service suffix)")
         return v
+
+    @field_validator("install_root", "host_python")
+    @classmethod
+    def _safe_path(cls, v: PurePosixPath) -> PurePosixPath:
+        return _safe(SAFE_PATH, v, "absolute path", "'/_.+@-' (e.g. /opt/opsctl)")
+
+    @field_validator("service_user")
+    @classmethod
+    def _safe_user(cls, v: str | None) -> str | None:
+        return None if v is None else _safe(SAFE_USER, v, "user name", "'_.-' (e.g. sglang)")
+
+    @field_validator("bind_address")
+    @classmethod
+    def _safe_address(cls, v: str) -> str:
+        return _safe(SAFE_ADDRESS, v, "bind address", "'.:[]-' (e.g. 0.0.0.0 or ::)")
+
+    @field_validator("baseline_profile")
+    @classmethod
+    def _safe_baseline(cls, v: str) -> str:
+        return _safe(SAFE_NAME, v, "profile name", "'_.+-' (e.g. ar-tp8)")
 
 
 class HostConfig(_Strict):

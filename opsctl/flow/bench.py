@@ -36,7 +36,7 @@ def baseline_paths(host: HostConfig, profile_name: str, policy=None) -> tuple[st
 
 def has_baseline(conn: Connection, host: HostConfig, policy=None) -> bool:
     run_path, canary_path = baseline_paths(host, host.baseline_profile, policy)
-    return conn.run(f"test -s {run_path} && test -s {canary_path}", check=False).ok
+    return conn.run(f"test -s {shlex.quote(run_path)} && test -s {shlex.quote(canary_path)}", check=False).ok
 
 
 def require_baseline(conn: Connection, host: HostConfig, policy=None) -> None:
@@ -236,16 +236,18 @@ def save_baseline(conn: Connection, host: HostConfig, profile_name: str, run, po
                           "check the server's /generate answers at temperature 0, then bench again")
     with tempfile.TemporaryDirectory() as tmp:
         local = write_jsonl(run, Path(tmp) / "baseline.jsonl")
-        conn.run(f"mkdir -p $(dirname {run_path}) && cat > {run_path}.new && mv -f {run_path}.new {run_path}",
+        q = shlex.quote(run_path)
+        conn.run(f"mkdir -p \"$(dirname {q})\" && cat > {q}.new && mv -f {q}.new {q}",
                  stdin=local.read_text())
-    conn.run(f"cat > {canary_path}.new && mv -f {canary_path}.new {canary_path}",
+    q = shlex.quote(canary_path)
+    conn.run(f"cat > {q}.new && mv -f {q}.new {q}",
              stdin=json.dumps(run.canary.reference()) + "\n")
     return run_path
 
 
 def load_baseline(conn: Connection, host: HostConfig, policy=None):
     run_path, _ = baseline_paths(host, host.baseline_profile, policy)
-    res = conn.run(f"cat {run_path}", check=False)
+    res = conn.run(f"cat {shlex.quote(run_path)}", check=False)
     if not res.ok:
         require_baseline(conn, host, policy)
     return run_from_text(res.stdout, source=f"{host.name}:{run_path}")

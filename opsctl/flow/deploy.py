@@ -12,6 +12,7 @@ mid-gate cannot leave an unjudged release serving.
 from __future__ import annotations
 
 import contextlib
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -370,7 +371,8 @@ def _interrupted_before_switch(conn: Connection, host: HostConfig, plan: Plan, s
     step = steps.current
     with BRAKE.shielded("recording the interrupt"):
         root = host.install_root
-        res = conn.run(f"cd {root} 2>/dev/null && {{ test -f releases/{plan.release}/manifest.json && echo RELEASE; "
+        res = conn.run(f"cd {shlex.quote(str(root))} 2>/dev/null && {{ test -f "
+                       f"{shlex.quote(f'releases/{plan.release}/manifest.json')} && echo RELEASE; "
                        f"ls -d releases/.staging-* shared/drafters/.incoming-* 2>/dev/null; true; }}",
                        check=False, timeout=30)
         lines = res.stdout.split()

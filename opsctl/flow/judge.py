@@ -2,6 +2,8 @@
 holds the pure decision); the verdict goes to the ledger."""
 from __future__ import annotations
 
+import shlex
+
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -98,8 +100,8 @@ def store_release_bench(conn: Connection, host: HostConfig, release: str, run) -
 
     with tempfile.TemporaryDirectory() as tmp:
         local = write_jsonl(run, Path(tmp) / "bench.jsonl")
-        conn.run(f"test -d {host.install_root}/releases/{release} && cat > {host.install_root}/releases/{release}/bench.jsonl",
-                 stdin=local.read_text(), check=False)
+        rdir = shlex.quote(str(host.install_root / "releases" / release))
+        conn.run(f"test -d {rdir} && cat > {rdir}/bench.jsonl", stdin=local.read_text(), check=False)
 
 
 def _verdict_record(conn: Connection, host: HostConfig, release: str, profile: Profile, status: str,
