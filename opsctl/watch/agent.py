@@ -497,25 +497,55 @@ class HostLock:
         self.root, self.action, self.fd = root, action, None
 
     def acquire(self, wait_s: float) -> bool:
+        """True with the lock held (release() it in a finally), False when another holds it.
+        No path out of here leaves the lock held without returning True: any error after the
+        flock closes the descriptor first (issue #32: a full disk used to leak it for good)."""
         self.fd = os.open(os.path.join(self.root, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() > deadline:
-                    os.close(self.fd)
-                    self.fd = None
-                    return False
-                time.sleep(0.2)
-        holder = {"who": f"opsctl-watch@{socket.gethostname()}", "pid": os.getpid(), "action": self.action,
-                  "since": _iso(time.time())}
-        _write_atomic(os.path.join(self.root, ".lock.holder"), json.dumps(holder))
+        try:
+            deadline = time.monotonic() + wait_s
+            while True:
+                try:
+                    fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() > deadline:
+                        self.release()
+                        return False
+                    time.sleep(0.2)
+            self._write_holder()
+        except BaseException:
+            self.release()
+            raise
         return True
 
+    def _write_holder(self) -> None:
+        """Who holds the lock, for a refused deploy's message. Best effort: with the disk
+        full the rollback still goes ahead (a stale holder is removed, never left naming
+        someone else)."""
+        holder = {"who": f"opsctl-watch@{socket.gethostname()}", "pid": os.getpid(), "action": self.action,
+                  "since": _iso(time.time())}
+        path = os.path.join(self.root, ".lock.holder")
+        try:
+            _write_atomic(path, json.dumps(holder))
+        except OSError as exc:
+            print(f"opsctl-watch: could not write {path}: {exc}; holding the lock without it",
+                  file=sys.stderr, flush=True)
+            for stale in (path, f"{path}.tmp.{os.getpid()}"):
+                try:
+                    os.unlink(stale)
+                except OSError:
+                    pass
+
     def release(self) -> None:
-        if self.fd is not None:
+        if self.fd is None:
+            return
+        path = os.path.join(self.root, ".lock.holder")
+        try:  # clear our own holder record while still holding the lock (never another's)
+            if (json.loads(_read(path) or "{}") or {}).get("pid") == os.getpid():
+                os.unlink(path)
+        except (OSError, ValueError, AttributeError):
+            pass
+        finally:
             os.close(self.fd)
             self.fd = None
 
