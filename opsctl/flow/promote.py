@@ -30,8 +30,12 @@ def fallback_release(state: HostState, host: HostConfig, exclude: str | None) ->
 
 def roll_back_after_failure(conn: Connection, host: HostConfig, plan: Plan, target: str | None, reason: str,
                              exc: OpsctlError | None, steps: Steps) -> str:
+    """Put `target` back after `plan.release` failed (or was interrupted) past its switch.
+    The guard armed for `plan.release` stays armed until the switch back has happened: a
+    controller killed before that leaves the guard to revert it, so a release that failed
+    its gate never serves unguarded (the guard waits for the deploy lock, and does nothing
+    once `plan.release` is no longer live)."""
     t0 = steps.start("rollback", f"back to {target or 'nothing (no judged release or baseline on the host)'}")
-    disarm_guard(conn, host)
     record: dict[str, Any] = {"action": "rollback", "from_release": plan.release, "to_release": target,
                               "profile": plan.profile.name, "budget": plan.profile.budget, "reason": reason,
                               "automatic": True}
@@ -39,10 +43,12 @@ def roll_back_after_failure(conn: Connection, host: HostConfig, plan: Plan, targ
         record["details"] = exc.details
     if not target or target == plan.release:
         stop_service(conn, host)
+        disarm_guard(conn, host)
         append_ledger(conn, host, {**record, "result": "ok", "to_release": None})
         steps.done("rollback", t0, "service stopped: no judged-good release or baseline to go back to")
         return "the service was stopped (no judged-good release or baseline on the host to go back to)"
     since = switch(conn, host, target)
+    disarm_guard(conn, host)  # only now: plan.release no longer serves
     info = plan.state.releases.get(target)
     try:
         wait_ready(conn, host, release_profile(info, host), since, steps)
@@ -99,9 +105,9 @@ def rollback_host(host: HostConfig, to: str | None, reason: str, progress: Progr
             info = state.releases[target]
             failed = state.gate_failed(target)
             forced = {"forced": True, "verdict": failed.get("status")} if failed else {}
-            disarm_guard(conn, host)
             t0 = steps.start("switch", f"{state.current or 'none'} -> {target}")
             since = switch(conn, host, target)
+            disarm_guard(conn, host)  # after the switch: a rollback killed before it leaves any guard armed
             steps.done("switch", t0, f"current -> {target}")
             try:
                 ready = wait_ready(conn, host, release_profile(info, host), since, steps)
