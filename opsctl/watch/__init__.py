@@ -49,12 +49,15 @@ def host_config(host: HostConfig) -> dict[str, Any]:
                                overrides=host.settings.profiles)
         rules[name] = w.rules_for(prof, policy.floor_for(prof.kind)).model_dump(mode="json")
     baseline = host.profile(host.baseline_profile)
+    from opsctl.flow.bench import baseline_paths  # the one name of the stored baseline bench (the gate's)
+
     return {
         "version": 1, "host": host.name, "service": host.service_name, "unit": host.unit_name,
         "root": str(host.install_root), "port": host.http_port, "state_dir": str(STATE_DIR),
         "mode": w.mode, "interval_s": w.interval_s, "window_s": w.window_s, "min_samples": w.min_samples,
         "scrape_timeout_s": w.scrape_timeout_s, "baseline_profile": host.baseline_profile,
         "model": host.model.name, "ready_timeout_s": baseline.readiness_timeout_s,
+        "baseline_bench": baseline_paths(host, host.baseline_profile, policy)[0],
         "notify": w.notify.model_dump(mode="json"), "rules": rules,
         "default_rules": w.defaults.model_dump(mode="json"),   # a profile the inventory does not name
     }

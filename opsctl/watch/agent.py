@@ -612,8 +612,11 @@ class Watch:
         return classify_journal(entries)
 
     def curve(self) -> list:
-        path = os.path.join(self.root, "baselines", self.cfg["model"], f"{self.cfg['baseline_profile']}.jsonl")
-        return baseline_curve(_read(path))
+        """The baseline's bench curve from the file the gate stored it in: its path is named
+        on the controller by the gate's own function (opsctl.flow.bench.baseline_paths, per
+        workload mix) and written into this configuration as `baseline_bench`."""
+        path = self.cfg.get("baseline_bench")
+        return baseline_curve(_read(path)) if path else []
 
     def rules_for(self, manifest: dict | None) -> dict:
         prof = (manifest or {}).get("profile") or {}
