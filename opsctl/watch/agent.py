@@ -330,14 +330,32 @@ def summarise(findings: list, samples: list, window_s: float, now: float) -> str
     return "healthy"
 
 
+# Records that end a deploy-like operation (issue #32 item 4): a promote or any rollback (the
+# controller's, the guard's, the watch's), a tune's restore (`action: tune`, after its trials), a
+# guard that found its release no longer live (`action: guard`), and a deploy that ended without
+# a switch (unchanged, failed or interrupted before it). A trial (`deploy trial`) does not: the
+# tune goes on to its next trial or its restore, and its guard stays armed until then.
+ENDS_DEPLOY_ACTIONS = ("promote", "rollback", "tune", "guard")
+ENDS_DEPLOY_RESULTS = ("unchanged", "failed")
+
+
+def ends_deploy(rec: dict) -> bool:
+    act, res = rec.get("action"), rec.get("result")
+    if act in ENDS_DEPLOY_ACTIONS:
+        return True
+    if act == "deploy":
+        # interrupted after the switch: the rollback that follows ends it
+        return res in ENDS_DEPLOY_RESULTS or (res == "interrupted" and not rec.get("switched"))
+    return False
+
+
 def ledger_view(records: list, deploying: bool = False) -> dict:
-    """What the ledger says: a deploy in progress (started, not yet promoted or rolled back).
+    """What the ledger says: a deploy in progress (started, not yet ended; see ends_deploy).
     `records` are the records since the last read, `deploying` what the earlier ones said."""
     for rec in records:
-        act, res = rec.get("action"), rec.get("result")
-        if act == "deploy" and res == "started":
+        if rec.get("action") == "deploy" and rec.get("result") == "started":
             deploying = True
-        elif act in ("promote", "rollback") or (act == "deploy" and res == "unchanged"):
+        elif ends_deploy(rec):
             deploying = False
     return {"deploying": deploying}
 
