@@ -97,10 +97,14 @@ def _agent(conn: Connection, host: HostConfig, command: str, *args: str) -> dict
                         f"{(res.stderr.strip() or out).splitlines()[-1:] or ['']}"[:300],
                         f"check 'systemctl status {unit_name(host)}' on the host")
     try:
-        return json.loads(out.splitlines()[-1])
+        rep = json.loads(out.splitlines()[-1])
     except (ValueError, IndexError):
         raise HostError(f"opsctl-watch {command} on {host.name} printed no JSON",
                         "redeploy to reinstall the watch program") from None
+    shown = rep.get("config") if isinstance(rep, dict) else None
+    if isinstance(shown, dict) and shown.get("notify"):  # an older agent printed its notify URL whole
+        shown["notify"] = agent.redacted_notify(shown["notify"])
+    return rep
 
 
 def brief(conn: Connection, host: HostConfig) -> dict:

@@ -819,7 +819,7 @@ class Watch:
                         err = None
                         break
                 except (OSError, ValueError) as exc:
-                    err = str(exc)
+                    err = str(exc).replace(note["url"], redact_url(note["url"]))   # recorded, shown by status
                     time.sleep(1.0)
             if err:
                 out["url"] = {"error": err[:300], "attempts": 3}
@@ -860,6 +860,22 @@ def _rss_kib() -> int:
 # --------------------------------------------------------------------------- commands
 
 
+def redact_url(url):
+    """What `status` shows of a notify URL: its scheme and host, never its path or query (a
+    webhook's token lives there) nor credentials in it."""
+    if not url:
+        return url
+    m = re.match(r"(https?)://(?:[^@/\s]*@)?([^/\s?#]+)", str(url))
+    return f"{m.group(1)}://{m.group(2)}/<redacted>" if m else "<redacted>"
+
+
+def redacted_notify(notify) -> dict:
+    note = dict(notify or {})
+    if note.get("url"):
+        note["url"] = redact_url(note["url"])
+    return note
+
+
 def status_report(cfg: dict) -> dict:
     w = Watch(cfg)
     st = w.state
@@ -867,8 +883,8 @@ def status_report(cfg: dict) -> dict:
     show = _run(["systemctl", "show", unit, "-p", "ActiveState", "-p", "SubState", "-p", "MainPID",
                  "-p", "NRestarts"], timeout=10).stdout
     props = dict(line.split("=", 1) for line in show.splitlines() if "=" in line)
-    return {"config": {k: cfg.get(k) for k in ("mode", "interval_s", "window_s", "min_samples", "baseline_profile",
-                                                "notify")},
+    config = {k: cfg.get(k) for k in ("mode", "interval_s", "window_s", "min_samples", "baseline_profile")}
+    return {"config": {**config, "notify": redacted_notify(cfg.get("notify"))},
             "unit": {"name": unit, **props}, "paused": w.paused(), "tripped": st.get("tripped"),
             "rearmed": st.get("rearmed"), "last": st.get("last"), "samples": st.get("samples", [])[-12:],
             "watch_starts": st.get("watch_starts"), "ticks": st.get("ticks"), "pid": st.get("pid"),
