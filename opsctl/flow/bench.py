@@ -2,7 +2,6 @@
 decided; the baselines it is compared with; `opsctl bench` on the live release."""
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shlex
@@ -10,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from opsctl.bench.baseline import baseline_paths, mix_slug
 from opsctl.config import HostConfig, Inventory
 from opsctl.errors import CheckFailed, ConfigError, HostError
 from opsctl.flow.steps import as_inventory
@@ -19,19 +19,8 @@ from opsctl.releases import append_ledger, read_state, release_profile
 # --------------------------------------------------------------------------- benchmark gate
 
 
-def _mix_slug(policy) -> str:
-
-    from opsctl.bench.workloads import mix_key
-
-    return hashlib.sha256(mix_key(policy.workloads).encode()).hexdigest()[:10]
-
-
-def baseline_paths(host: HostConfig, profile_name: str, policy=None) -> tuple[str, str]:
-    """(the bench run, the greedy canary) of the baseline profile. Runs are stored per
-    workload mix (a candidate is compared on the same requests); the canary is per profile."""
-    base = f"{host.install_root}/baselines/{host.model.name}"
-    policy = policy or host.gate_policy()
-    return f"{base}/{profile_name}.{_mix_slug(policy)}.jsonl", f"{base}/{profile_name}.canary.json"
+# the stored baseline's file names: one function for the gate and the watch (opsctl/bench/baseline.py)
+_mix_slug = mix_slug
 
 
 def has_baseline(conn: Connection, host: HostConfig, policy=None) -> bool:

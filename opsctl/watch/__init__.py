@@ -49,7 +49,7 @@ def host_config(host: HostConfig) -> dict[str, Any]:
                                overrides=host.settings.profiles)
         rules[name] = w.rules_for(prof, policy.floor_for(prof.kind)).model_dump(mode="json")
     baseline = host.profile(host.baseline_profile)
-    from opsctl.flow.bench import baseline_paths  # the one name of the stored baseline bench (the gate's)
+    from opsctl.bench.baseline import baseline_paths  # the one name of the stored baseline bench (the gate's)
 
     return {
         "version": 1, "host": host.name, "service": host.service_name, "unit": host.unit_name,

@@ -1,12 +1,13 @@
 """Issue #32 item 3: the watch reads the baseline bench from the file the gate stores it in,
-named by one function (opsctl.flow.bench.baseline_paths)."""
+named by one function (opsctl.bench.baseline.baseline_paths)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path, PurePosixPath
 
 from opsctl.config import load_inventory
-from opsctl.flow.bench import baseline_paths
+from opsctl.bench.baseline import baseline_paths
+from opsctl.flow import bench as gate_bench
 from opsctl.watch import agent, host_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,3 +51,7 @@ def test_no_stored_baseline_is_an_empty_curve(tmp_path):
     cfg = {**host_config(host), "state_dir": str(tmp_path / "state")}
     assert agent.Watch(cfg).curve() == []
     assert agent.Watch({k: v for k, v in cfg.items() if k != "baseline_bench"}).curve() == []
+
+
+def test_the_gate_and_the_watch_share_the_one_function():
+    assert gate_bench.baseline_paths is baseline_paths
