@@ -210,6 +210,17 @@ def append_ledger(conn: Connection, host: HostConfig, record: dict[str, Any]) ->
     return rec
 
 
+def lock_command(root: str, holder: str) -> str:
+    """The host command that holds the deploy lock while its stdin (the SSH channel) is open.
+    The holder record (`holder`, a JSON object) gets the host-side pid of the shell that holds
+    the flock (`host_pid`): a refusal checks it, so a record left by a holder that is gone is
+    never reported as the holder; the record is removed when the lock is let go."""
+    hf = shlex.quote(f"{root}/.lock.holder")
+    inner = (f"trap 'rm -f {hf}' EXIT; trap 'exit 1' HUP INT TERM; "
+             f"printf '%s, \"host_pid\": %s}}' {shlex.quote(holder[:-1])} $$ > {hf}; echo LOCKED; cat >/dev/null")
+    return f"mkdir -p {shlex.quote(root)} && exec flock -n -E 75 {shlex.quote(f'{root}/.lock')} sh -c {shlex.quote(inner)}"
+
+
 class HostLock:
     """flock on `<root>/.lock`, held by a long-running SSH command for as long as the
     deploy runs; it is released when the controller exits or dies (the channel closes)."""
@@ -226,8 +237,7 @@ class HostLock:
         fab = self.conn._connection()
         transport = fab.client.get_transport()
         chan = transport.open_session()
-        inner = f"printf %s {shlex.quote(holder)} > {root}/.lock.holder; echo LOCKED; exec cat >/dev/null"
-        chan.exec_command(f"mkdir -p {root} && exec flock -n -E 75 {root}/.lock sh -c {shlex.quote(inner)}")
+        chan.exec_command(lock_command(str(root), holder))
         buf = b""
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
@@ -242,12 +252,7 @@ class HostLock:
         rc = chan.recv_exit_status() if chan.exit_status_ready() else -1
         chan.close()
         if rc == 75:
-            held = self.conn.run(f"cat {root}/.lock.holder 2>/dev/null", check=False).stdout.strip()
-            try:
-                info = json.loads(held)
-                desc = f"{info.get('who')} (pid {info.get('pid')}, {info.get('action')} since {info.get('since')})"
-            except ValueError:
-                desc = "another opsctl run"
+            desc = describe_holder(self.conn, self.host)
             raise LockHeldError(f"host {self.host.name} is locked by {desc}",
                                 "wait for that run to finish ('opsctl status' shows progress), then try again")
         raise HostError(f"could not take the deploy lock on {self.host.name} (exit {rc})",
@@ -261,6 +266,25 @@ class HostLock:
             except Exception:  # noqa: BLE001 - the lock dies with the channel anyway
                 pass
             self._channel = None
+
+
+def describe_holder(conn: Connection, host: HostConfig) -> str:
+    """Who holds the deploy lock, from `<root>/.lock.holder`, for a refusal. The record names
+    the host-side process holding the flock (`host_pid`: the controller's shell, or the watch
+    itself); a record whose process is gone is stale (its holder exited without clearing it,
+    e.g. killed) and is never named as the holder (issue #32 item 12)."""
+    hf = shlex.quote(str(host.install_root / ".lock.holder"))
+    held = conn.run(f"cat {hf} 2>/dev/null", check=False).stdout.strip()
+    try:
+        info = json.loads(held)
+    except ValueError:
+        info = None
+    if not isinstance(info, dict):
+        return "another opsctl run"
+    pid = info.get("host_pid")
+    if isinstance(pid, int) and pid > 0 and not conn.run(f"kill -0 {pid} 2>/dev/null", check=False).ok:
+        return f"another opsctl run (the holder record names {info.get('who')}, whose process has exited: stale)"
+    return f"{info.get('who')} (pid {info.get('pid')}, {info.get('action')} since {info.get('since')})"
 
 
 def release_profile(info: ReleaseInfo | None, host: HostConfig) -> Profile:

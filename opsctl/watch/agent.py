@@ -541,7 +541,7 @@ class HostLock:
         full the rollback still goes ahead (a stale holder is removed, never left naming
         someone else)."""
         holder = {"who": f"opsctl-watch@{socket.gethostname()}", "pid": os.getpid(), "action": self.action,
-                  "since": _iso(time.time())}
+                  "since": _iso(time.time()), "host_pid": os.getpid()}
         path = os.path.join(self.root, ".lock.holder")
         try:
             _write_atomic(path, json.dumps(holder))
@@ -631,7 +631,7 @@ class Watch:
 
     def curve(self) -> list:
         """The baseline's bench curve from the file the gate stored it in: its path is named
-        on the controller by the gate's own function (opsctl.flow.bench.baseline_paths, per
+        on the controller by the gate's own function (opsctl.bench.baseline.baseline_paths, per
         workload mix) and written into this configuration as `baseline_bench`."""
         path = self.cfg.get("baseline_bench")
         return baseline_curve(_read(path)) if path else []
