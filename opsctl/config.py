@@ -26,6 +26,23 @@ from opsctl.host.ssh import SSHSettings
 ProfileKind = Literal["autoregressive", "dflash", "ddtree"]
 MAX_BUDGET = 1024
 
+# Values that reach a shell command on the host (paths, names, release ids built from profile
+# names) are held to these patterns when the inventory loads, so no quoting mistake downstream
+# can turn one into code (issue #32 item 10): no whitespace, quotes, $, `, ;, |, &, <, >, (, ), *, ?, ~
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+SAFE_PATH = re.compile(r"/(?:[A-Za-z0-9_.+@-]+/?)*")
+SAFE_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*(?:/[A-Za-z0-9][A-Za-z0-9_.+-]*)*")
+SAFE_USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+SAFE_ADDRESS = re.compile(r"[A-Za-z0-9.:\[\]-]+")
+
+
+def _safe(pattern: "re.Pattern[str]", value: Any, what: str, example: str) -> Any:
+    text = str(value)
+    if not pattern.fullmatch(text) or ".." in text.split("/"):
+        raise ValueError(f"{text!r} is not a safe {what} (it reaches shell commands on the host): "
+                         f"letters, digits and {example} only")
+    return value
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -70,6 +87,11 @@ class Profile(_Strict):
                                       "64 (the runtime then builds those trees with the slower torch beam)")
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        return _safe(SAFE_NAME, v, "profile name", "'_.+-' (e.g. ddtree-fast)")
 
     @model_validator(mode="after")
     def _kind_fields(self) -> "Profile":
@@ -166,6 +188,16 @@ class ModelFacts(_Strict):
     path: PurePosixPath = Field(description="target model directory on the host; never copied")
     name: str = Field(description="served model name")
 
+    @field_validator("path")
+    @classmethod
+    def _safe_path(cls, v: PurePosixPath) -> PurePosixPath:
+        return _safe(SAFE_PATH, v, "absolute path", "'/_.+@-' (e.g. /srv/models/kimi-k2.6)")
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        return _safe(SAFE_MODEL_NAME, v, "model name", "'_.+-' and '/' between parts (e.g. kimi-k2.6)")
+
 
 class DrafterFacts(_Strict):
     source: Path = Field(description="drafter weights directory on the controller")
@@ -179,6 +211,9 @@ class RuntimeFacts(_Strict):
                                 description="the host's CPython (MAJOR.MINOR) the wheelhouse is built for")
     platform: str = Field("manylinux_2_34_x86_64", description="the host's platform tag the wheelhouse is built "
                           "for (manylinux_2_34 = glibc >= 2.34)")
+    wheelhouse_built_by: str | None = Field(None, description="the command that builds this wheelhouse when it is "
+                                            "not 'opsctl wheelhouse build' (the lab's host runs the SGLang emulator: "
+                                            "'opsctl lab up'); 'wheelhouse build' then refuses to resolve into it")
     runtime_wheel: Path | None = Field(None, description="prebuilt runtime wheel; default: build runtime/")
     runtime_source: Path | None = None
 
@@ -329,6 +364,26 @@ class HostSettings(_Strict):
             raise ValueError("service_name must be a bare unit name like 'sglang-k26' (no .service suffix)")
         return v
 
+    @field_validator("install_root", "host_python")
+    @classmethod
+    def _safe_path(cls, v: PurePosixPath) -> PurePosixPath:
+        return _safe(SAFE_PATH, v, "absolute path", "'/_.+@-' (e.g. /opt/opsctl)")
+
+    @field_validator("service_user")
+    @classmethod
+    def _safe_user(cls, v: str | None) -> str | None:
+        return None if v is None else _safe(SAFE_USER, v, "user name", "'_.-' (e.g. sglang)")
+
+    @field_validator("bind_address")
+    @classmethod
+    def _safe_address(cls, v: str) -> str:
+        return _safe(SAFE_ADDRESS, v, "bind address", "'.:[]-' (e.g. 0.0.0.0 or ::)")
+
+    @field_validator("baseline_profile")
+    @classmethod
+    def _safe_baseline(cls, v: str) -> str:
+        return _safe(SAFE_NAME, v, "profile name", "'_.+-' (e.g. ar-tp8)")
+
 
 class HostConfig(_Strict):
     name: str
@@ -447,6 +502,7 @@ def resolve_profile(name: str, budget: int | None = None, *,
     budget schedule) applied. A schedule is checked against the batch sizes the server
     will capture, so a band that could never run is refused here, before any host I/O."""
     overrides = overrides or {}
+    cli_budget = budget
     if name not in BUILTIN_PROFILES and name not in overrides:
         import difflib
 
@@ -502,6 +558,10 @@ def resolve_profile(name: str, budget: int | None = None, *,
         schedule_mod.check_for_server(sched, capture_bs=prof.captured_batch_sizes,
                                       allow_torch_beam=prof.tree_torch_fallback,
                                       what="--budget-schedule" if budget_schedule is not None else "budget_schedule")
+    elif prof.kind == "ddtree" and prof.budget is not None:  # --budget N: the one-band schedule 1:N, same limits
+        schedule_mod.check_budget(prof.budget, allow_torch_beam=prof.tree_torch_fallback,
+                                  what=f"--budget {prof.budget}" if cli_budget is not None
+                                  else f"opsctl.profiles.{name}.budget {prof.budget}")
     return prof
 
 

@@ -79,6 +79,9 @@ class GatePolicy(BaseModel):
     min_requests: int = Field(8, ge=2, description="samples per level and side below which a level is inconclusive")
     max_requests: int = Field(48, ge=2, description="a level stops measuring at this many requests (the cap)")
     min_workload_requests: int = Field(4, ge=2, description="requests of a workload at a level to judge it alone")
+    unbaselined_levels: Literal["fail", "note"] = Field(
+        "fail", description="a level this policy lists that the stored baseline was not benched at: 'fail' fails "
+                            "the gate, 'note' names it in the verdict's notes only (either way it is not judged)")
 
     @field_validator("workloads")
     @classmethod
@@ -137,6 +140,13 @@ class LevelRow(BaseModel):
     low_pct: float | None = None       # the speedup's confidence interval (percent), with samples
     high_pct: float | None = None
     samples: int | None = None         # candidate requests the interval rests on
+    # what the columns mean: baseline/candidate_tok_s are aggregate output throughput (medians over
+    # repeats); delta_pct is the quantity the gate judged: with request samples the per-request
+    # tok/s ratio of means behind the interval (baseline/candidate_req_tok_s), else the aggregate's
+    judged_on: Literal["aggregate", "per-request", "not judged"] = "aggregate"
+    aggregate_delta_pct: float | None = None
+    baseline_req_tok_s: float | None = None
+    candidate_req_tok_s: float | None = None
     workloads: dict[str, dict] = Field(default_factory=dict)  # per workload: delta/low/high %, accept, n, status
 
 
@@ -159,15 +169,13 @@ class Verdict(BaseModel):
         return head + (": " + "; ".join(self.reasons) if self.reasons else "")
 
     def table(self) -> str:
-        """The per-level table as fixed-width text (terminal, ledger, reports)."""
-        hdr = ("C", "base tok/s", "cand tok/s", "delta", "base ITL p50", "cand ITL p50", "accept", "errors", "status")
-        lines = ["%5s %11s %11s %8s %13s %13s %7s %7s %9s" % hdr]
-        for r in self.rows:
-            lines.append("%5d %11s %11s %8s %13s %13s %7s %7d %9s" % (
-                r.concurrency, _f(r.baseline_tok_s, "%.1f"), _f(r.candidate_tok_s, "%.1f"),
-                _f(r.delta_pct, "%+.1f%%"), _f(r.baseline_itl_p50_ms, "%.2f ms"),
-                _f(r.candidate_itl_p50_ms, "%.2f ms"), _f(r.accept_length, "%.2f"), r.errors, r.status))
-        return "\n".join(lines)
+        """The per-level table as fixed-width text, at most 80 columns (terminal, ledger,
+        reports): the cells of `level_table`, then its legend and one line per level."""
+        cols, cells, lines = level_table(self.rows)
+        widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(cols)]
+        out = ["  ".join(c.rjust(w) for c, w in zip(cols, widths)).rstrip()]
+        out += ["  ".join(v.rjust(w) for v, w in zip(r, widths)).rstrip() for r in cells]
+        return "\n".join(out + lines)
 
     def findings(self) -> list[Finding]:
         out = [Finding(check=f"gate.level.c{r.concurrency}", ok=r.status == "pass",
@@ -185,6 +193,33 @@ class Verdict(BaseModel):
 
 def _f(v: float | None, fmt: str) -> str:
     return "-" if v is None else fmt % v
+
+
+LEVEL_TABLE_COLUMNS = ["C", "base tok/s", "rel tok/s", "agg Δ", "judged Δ", "accept", "err", "status"]
+LEVEL_TABLE_LEGEND = ("tok/s and agg Δ: aggregate output throughput, baseline and release (medians); "
+                      "judged Δ: what the gate judges, per-request tok/s (ratio of means) where requests were "
+                      "sampled, else the aggregate")
+
+
+def level_table(rows: list[LevelRow]) -> tuple[list[str], list[list[str]], list[str]]:
+    """The verdict's levels for a terminal: a table narrow enough for 80 columns (short
+    cells, every column labelled by LEVEL_TABLE_LEGEND), then one line per level with the
+    judged quantity's own numbers (per-request tok/s, interval) and the status in words, so
+    the aggregate columns and the judged delta can be checked against each other."""
+    cells, lines = [], [LEVEL_TABLE_LEGEND]
+    for r in rows:
+        cells.append([str(r.concurrency), _f(r.baseline_tok_s, "%.1f"), _f(r.candidate_tok_s, "%.1f"),
+                      _f(r.aggregate_delta_pct, "%+.1f%%"), _f(r.delta_pct, "%+.1f%%"),
+                      _f(r.accept_length, "%.2f"), str(r.errors), r.status])
+        judged = ""
+        if r.judged_on == "per-request":
+            judged = (f"judged on per-request tok/s {_f(r.baseline_req_tok_s, '%.1f')} -> "
+                      f"{_f(r.candidate_req_tok_s, '%.1f')}: ")
+        elif r.judged_on == "aggregate" and r.delta_pct is not None:
+            judged = (f"judged on aggregate tok/s {_f(r.baseline_tok_s, '%.1f')} -> "
+                      f"{_f(r.candidate_tok_s, '%.1f')}: ")
+        lines.append(f"C={r.concurrency}: {judged}{r.why or r.status}")
+    return list(LEVEL_TABLE_COLUMNS), cells, lines
 
 
 def _worst(*statuses: Status) -> Status:
@@ -239,7 +274,17 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
         b: BenchLevel | None = base_at.get(c)
         k: BenchLevel | None = cand_at.get(c)
         if b is None:
-            notes.append(f"C={c}: no baseline measurement; not compared")
+            text = f"C={c}: no baseline at this level — not judged; fix: opsctl bench --save-baseline"
+            if c in policy.concurrency and policy.unbaselined_levels == "fail":
+                reasons.append(text)
+                rows.append(LevelRow(concurrency=c, baseline_tok_s=None,
+                                     candidate_tok_s=k.output_throughput if k else None, delta_pct=None,
+                                     baseline_itl_p50_ms=None, candidate_itl_p50_ms=k.median_itl_ms if k else None,
+                                     accept_length=k.accept if k else None, errors=k.errors if k else 0,
+                                     status="fail", judged_on="not judged",
+                                     why="no baseline at this level — not judged"))
+            else:
+                notes.append(text)
             continue
         if k is None:
             reasons.append(f"C={c}: the candidate has no measurement at this level (bench did not run or crashed)")
@@ -249,6 +294,8 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
             continue
         st: Status = "pass"
         delta = (k.output_throughput / b.output_throughput - 1.0) if b.output_throughput > 0 else None
+        aggregate_delta = delta
+        req_means: tuple[float | None, float | None] = (None, None)
         if delta is None:
             notes.append(f"C={c}: baseline throughput is 0; not compared")
         else:
@@ -283,7 +330,7 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
         conf = _confidence_level(c, candidate, baseline, policy)
         if conf is not None:
             # with request samples on both sides the interval decides, not the medians
-            interval, decision, per_workload = conf
+            interval, decision, per_workload, req_means = conf
             delta = interval.ratio - 1.0
             reasons[:] = [r for r in reasons if not _throughput_reason(r, c)]
             thr = (1 + policy.min_speedup) if c == policy.speedup_concurrency else (1 - policy.max_regression)
@@ -321,9 +368,12 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
                              low_pct=(interval.low - 1) * 100 if interval else None,
                              high_pct=(interval.high - 1) * 100 if interval else None,
                              samples=interval.n_candidate if interval else None,
+                             judged_on="per-request" if interval else "aggregate",
+                             aggregate_delta_pct=None if aggregate_delta is None else aggregate_delta * 100,
+                             baseline_req_tok_s=req_means[1], candidate_req_tok_s=req_means[0],
                              workloads={n: {k2: v for k2, v in w.items() if k2 != "text"}
                                         for n, w in per_workload.items()}))
-    if not rows:
+    if not any(r.judged_on != "not judged" for r in rows):
         raise ConfigError("the candidate and the baseline share no concurrency level", fix)
     if low_accept:
         worst = min(a for _, a in low_accept)
@@ -364,7 +414,8 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
 
 
 def _confidence_level(c: int, candidate: BenchRun, baseline: BenchRun, policy: GatePolicy):
-    """(interval, decision, per-workload rows) at level c, or None without request samples."""
+    """(interval, decision, per-workload rows, (candidate, baseline) mean per-request tok/s)
+    at level c, or None without request samples."""
     from opsctl import confidence as cf
 
     cs, bs = cf.samples_of(candidate.at(c)), cf.samples_of(baseline.at(c))
@@ -388,7 +439,8 @@ def _confidence_level(c: int, candidate: BenchRun, baseline: BenchRun, policy: G
         else:
             row.update(status="no baseline samples", text="-")
         per[name] = row
-    return interval, decision, per
+    crates, brates = cf.rates(cs), cf.rates(bs)
+    return interval, decision, per, (sum(crates) / len(crates), sum(brates) / len(brates))
 
 
 def _throughput_reason(reason: str, c: int) -> bool:

@@ -750,6 +750,34 @@ def since_start(parsed: ParsedJournal) -> ParsedJournal:
     return parse_lines([_with_process(ln, 0) for ln in parsed.lines[cut:]])
 
 
+def starts(parsed: ParsedJournal) -> list[ParsedJournal]:
+    """A journal cut into the service's deliberate starts (a file spanning several deploys and
+    rollbacks: `journalctl -u UNIT > FILE`), each parsed on its own, oldest first.
+
+    A `Started` line after a requested stop (`Stopping ...`, as `systemctl stop/restart` and a
+    deploy's switch print) with no `Scheduled restart job` between begins a new start: a clean
+    stop followed by a start is not a restart. systemd's own restart after a crash (`Main process
+    exited` ... `Scheduled restart job` ... `Started`) stays inside its start and counts as one.
+    A log without systemd lines is one start."""
+    cuts = [0]
+    index = {id(ln): i for i, ln in enumerate(parsed.lines)}
+    stopping = scheduled = False
+    for ev in parsed.unit_events:
+        if ev.kind == "started":
+            i = index[id(ev.line)]
+            if stopping and not scheduled and i > cuts[-1]:
+                cuts.append(i)
+            stopping = scheduled = False
+        elif ev.kind == "stopping":
+            stopping = True
+        elif ev.kind == "restart_scheduled":
+            scheduled = True
+    if len(cuts) == 1:
+        return [parsed]
+    bounds = cuts + [len(parsed.lines)]
+    return [parse_lines([_with_process(ln, 0) for ln in parsed.lines[lo:hi]]) for lo, hi in zip(bounds, bounds[1:])]
+
+
 # --------------------------------------------------------------------------- I/O
 
 

@@ -106,82 +106,121 @@ def run_playbook_hosts(inventory: Inventory, hosts: list[HostConfig], playbook: 
     if not pb.is_file():
         raise HostError(f"playbook {pb} is missing", "reinstall opsctl from a full checkout")
     names = [h.name for h in hosts]
-    work = Path(tempfile.mkdtemp(prefix="opsctl-ansible-"))
-    first = hosts[0]
-    envvars = {
-        "PATH": _ansible_bin_dir() + os.pathsep + os.environ.get("PATH", ""),
-        "ANSIBLE_HOME": str(work / "home"),
-        "ANSIBLE_LOCAL_TEMP": str(work / "tmp"),
-        "ANSIBLE_SSH_CONTROL_PATH_DIR": str(work / "cp"),
-        **first.ssh.ansible_envvars(),  # ssh args and host-key checking (opsctl/host/ssh.py); per host below
-        "ANSIBLE_RETRY_FILES_ENABLED": "False",
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_PIPELINING": "True",
-        "ANSIBLE_PYTHON_INTERPRETER": str(first.host_python),  # the inventory says which python the host has
-        "ANSIBLE_TIMEOUT": "10",
-        "ANSIBLE_FORKS": str(max(1, len(hosts))),
-    }
-    per_host = {h.name: {**vars_by_host[h.name], **h.ssh.ansible_extravars(),
-                         "ansible_python_interpreter": str(h.host_python),
-                         "ansible_host_key_checking": h.ssh.strict_host_keys} for h in hosts}
-    keys = set.intersection(*(set(v) for v in per_host.values()))
-    common = {k: per_host[names[0]][k] for k in keys
-              if all(per_host[n][k] == per_host[names[0]][k] for n in names)}
-    differing = {n: {k: v for k, v in per_host[n].items() if k not in common} for n in names}
-    inventories: list[str] = [str(inventory.path.resolve())]
-    if any(differing.values()):
-        extra_inv = work / "opsctl-hosts.json"
-        extra_inv.write_text(json.dumps({"all": {"hosts": differing}}, default=str))
-        inventories.append(str(extra_inv))
-    steps: dict[str, list[PlayStep]] = {n: [] for n in names}
-    started: dict[str, float] = {}
-    window: dict[str, list[float]] = {}   # host -> [first task start, last task end] (epoch seconds)
+    work = work_dir()
+    try:
+        first = hosts[0]
+        envvars = {
+            "PATH": _ansible_bin_dir() + os.pathsep + os.environ.get("PATH", ""),
+            "ANSIBLE_HOME": str(work / "home"),
+            "ANSIBLE_LOCAL_TEMP": str(work / "tmp"),
+            "ANSIBLE_SSH_CONTROL_PATH_DIR": str(work / "cp"),
+            **first.ssh.ansible_envvars(),  # ssh args and host-key checking (opsctl/host/ssh.py); per host below
+            "ANSIBLE_RETRY_FILES_ENABLED": "False",
+            "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_PIPELINING": "True",
+            "ANSIBLE_PYTHON_INTERPRETER": str(first.host_python),  # the inventory says which python the host has
+            "ANSIBLE_TIMEOUT": "10",
+            "ANSIBLE_FORKS": str(max(1, len(hosts))),
+        }
+        per_host = {h.name: {**vars_by_host[h.name], **h.ssh.ansible_extravars(),
+                             "ansible_python_interpreter": str(h.host_python),
+                             "ansible_host_key_checking": h.ssh.strict_host_keys} for h in hosts}
+        keys = set.intersection(*(set(v) for v in per_host.values()))
+        common = {k: per_host[names[0]][k] for k in keys
+                  if all(per_host[n][k] == per_host[names[0]][k] for n in names)}
+        differing = {n: {k: v for k, v in per_host[n].items() if k not in common} for n in names}
+        inventories: list[str] = [str(inventory.path.resolve())]
+        if any(differing.values()):
+            extra_inv = work / "opsctl-hosts.json"
+            extra_inv.write_text(json.dumps({"all": {"hosts": differing}}, default=str))
+            inventories.append(str(extra_inv))
+        steps: dict[str, list[PlayStep]] = {n: [] for n in names}
+        started: dict[str, float] = {}
+        window: dict[str, list[float]] = {}   # host -> [first task start, last task end] (epoch seconds)
 
-    def on_event(event: dict) -> bool:
-        name = event.get("event", "")
-        data = event.get("event_data", {})
-        task = data.get("task") or ""
-        host_name = data.get("host") or ""
-        if name == "runner_on_start":
-            started[f"{data.get('task_uuid', task)}/{host_name}"] = time.monotonic()
-            if host_name in window:
-                window[host_name][1] = time.time()
-            else:
-                window[host_name] = [time.time(), time.time()]
+        def on_event(event: dict) -> bool:
+            name = event.get("event", "")
+            data = event.get("event_data", {})
+            task = data.get("task") or ""
+            host_name = data.get("host") or ""
+            if name == "runner_on_start":
+                started[f"{data.get('task_uuid', task)}/{host_name}"] = time.monotonic()
+                if host_name in window:
+                    window[host_name][1] = time.time()
+                else:
+                    window[host_name] = [time.time(), time.time()]
+                return True
+            status = {"runner_on_ok": "ok", "runner_on_failed": "failed", "runner_on_skipped": "skipped",
+                      "runner_on_unreachable": "unreachable"}.get(name)
+            if status is None or task in ("Gathering Facts",) or host_name not in steps:
+                return True
+            window.setdefault(host_name, [time.time(), time.time()])[1] = time.time()
+            res = data.get("res", {}) or {}
+            if status == "ok" and res.get("changed"):
+                status = "changed"
+            if status == "failed" and data.get("ignore_errors"):
+                status = "ok"
+            t0 = started.pop(f"{data.get('task_uuid', task)}/{host_name}", time.monotonic())
+            msg = ""
+            if status in ("failed", "unreachable"):
+                items = [r for r in res.get("results", []) if isinstance(r, dict) and r.get("failed")]
+                first_bad = items[0] if items else res
+                msg = str(first_bad.get("module_stderr") or first_bad.get("stderr") or first_bad.get("msg") or "")
+                msg = " ".join(msg.split())[:400]
+            step = PlayStep(task, status, time.monotonic() - t0, msg.strip())
+            steps[host_name].append(step)
+            fn = (progress or {}).get(host_name)
+            if fn:
+                fn(step)
             return True
-        status = {"runner_on_ok": "ok", "runner_on_failed": "failed", "runner_on_skipped": "skipped",
-                  "runner_on_unreachable": "unreachable"}.get(name)
-        if status is None or task in ("Gathering Facts",) or host_name not in steps:
-            return True
-        window.setdefault(host_name, [time.time(), time.time()])[1] = time.time()
-        res = data.get("res", {}) or {}
-        if status == "ok" and res.get("changed"):
-            status = "changed"
-        if status == "failed" and data.get("ignore_errors"):
-            status = "ok"
-        t0 = started.pop(f"{data.get('task_uuid', task)}/{host_name}", time.monotonic())
-        msg = ""
-        if status in ("failed", "unreachable"):
-            items = [r for r in res.get("results", []) if isinstance(r, dict) and r.get("failed")]
-            first_bad = items[0] if items else res
-            msg = str(first_bad.get("module_stderr") or first_bad.get("stderr") or first_bad.get("msg") or "")
-            msg = " ".join(msg.split())[:400]
-        step = PlayStep(task, status, time.monotonic() - t0, msg.strip())
-        steps[host_name].append(step)
-        fn = (progress or {}).get(host_name)
-        if fn:
-            fn(step)
+
+        t0 = time.monotonic()
+        # A signal must not unwind through ansible-runner's pexpect loop (the playbook would run on
+        # without us): it is held, the runner's cancel callback sees it within 0.25 s and kills
+        # ansible-playbook's process group, and the brake raises Interrupted once we are out.
+        with BRAKE.held():
+            results = _run(ansible_runner, work, pb, inventories, names, common, envvars, on_event, timeout_s, steps, t0)
+        for n, r in results.items():
+            r.window = tuple(window[n]) if n in window else None
+        return results
+    finally:  # every exit the controller survives (errors, Ctrl-C); kill -9: the next run sweeps it
+        shutil.rmtree(work, ignore_errors=True)
+
+
+WORK_PREFIX = "opsctl-ansible-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
         return True
+    return True
 
-    t0 = time.monotonic()
-    # A signal must not unwind through ansible-runner's pexpect loop (the playbook would run on
-    # without us): it is held, the runner's cancel callback sees it within 0.25 s and kills
-    # ansible-playbook's process group, and the brake raises Interrupted once we are out.
-    with BRAKE.held():
-        results = _run(ansible_runner, work, pb, inventories, names, common, envvars, on_event, timeout_s, steps, t0)
-    for n, r in results.items():
-        r.window = tuple(window[n]) if n in window else None
-    return results
+
+def work_dir(tmp: str | None = None) -> Path:
+    """A private directory for one ansible-runner run, `<tmp>/opsctl-ansible-<pid>-XXXX`. Those
+    of opsctl processes that no longer exist (killed with -9: no `finally` ran) are removed
+    first, so they never pile up (issue #32 item 12)."""
+    tmp = tmp or tempfile.gettempdir()
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        names = []
+    for name in names:
+        parts = name[len(WORK_PREFIX):].split("-", 1)
+        if not name.startswith(WORK_PREFIX) or not parts[0].isdigit():
+            continue
+        path = Path(tmp) / name
+        try:
+            mine = path.stat().st_uid == os.getuid()
+        except OSError:
+            continue
+        if mine and int(parts[0]) != os.getpid() and not _pid_alive(int(parts[0])):
+            shutil.rmtree(path, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-", dir=tmp))
 
 
 def _reachable(host: HostConfig) -> bool:

@@ -94,7 +94,9 @@ class HostState:
 
     def last_good(self, exclude: str | None = None) -> str | None:
         """The newest release that was promoted (passed its gates) or put back by a
-        rollback, other than `exclude`, that still exists on the host."""
+        rollback, other than `exclude`, that still exists on the host. An operator's
+        rollback is not a verdict: a release whose gate verdict failed is never last good,
+        even while it serves after `rollback --to RELEASE --force`."""
         rejected: set[str] = set()  # rolled back from by the host-side watch after it was promoted
         for rec in reversed(self.ledger):
             rel = rec.get("to_release")
@@ -102,9 +104,16 @@ class HostState:
                     and rec.get("from_release"):
                 rejected.add(rec["from_release"])
             if rec.get("action") in ("promote", "rollback") and rec.get("result") == "ok" and rel \
-                    and rel != exclude and rel in self.releases and rel not in rejected:
+                    and not rec.get("forced") and rel != exclude and rel in self.releases and rel not in rejected \
+                    and self.gate_failed(rel) is None:
                 return rel
         return None
+
+    def gate_failed(self, release: str | None) -> dict | None:
+        """The newest gate verdict of `release` if that verdict failed, else None (passed,
+        or never benchmarked)."""
+        verdict = self.verdict_for(release)
+        return verdict if verdict is not None and verdict.get("status") != "pass" else None
 
     def judged(self, release: str) -> bool:
         """Did the newest ledger record about `release` judge it good (promoted, or put
@@ -113,7 +122,7 @@ class HostState:
             if rec.get("to_release") != release:
                 continue
             if rec.get("action") in ("promote", "rollback"):
-                return rec.get("result") == "ok"
+                return rec.get("result") == "ok" and not rec.get("forced") and self.gate_failed(release) is None
             if rec.get("action") == "deploy" and (rec.get("result") == "started" or
                                                   (rec.get("result") == "interrupted" and rec.get("switched"))):
                 return False
@@ -201,6 +210,17 @@ def append_ledger(conn: Connection, host: HostConfig, record: dict[str, Any]) ->
     return rec
 
 
+def lock_command(root: str, holder: str) -> str:
+    """The host command that holds the deploy lock while its stdin (the SSH channel) is open.
+    The holder record (`holder`, a JSON object) gets the host-side pid of the shell that holds
+    the flock (`host_pid`): a refusal checks it, so a record left by a holder that is gone is
+    never reported as the holder; the record is removed when the lock is let go."""
+    hf = shlex.quote(f"{root}/.lock.holder")
+    inner = (f"trap 'rm -f {hf}' EXIT; trap 'exit 1' HUP INT TERM; "
+             f"printf '%s, \"host_pid\": %s}}' {shlex.quote(holder[:-1])} $$ > {hf}; echo LOCKED; cat >/dev/null")
+    return f"mkdir -p {shlex.quote(root)} && exec flock -n -E 75 {shlex.quote(f'{root}/.lock')} sh -c {shlex.quote(inner)}"
+
+
 class HostLock:
     """flock on `<root>/.lock`, held by a long-running SSH command for as long as the
     deploy runs; it is released when the controller exits or dies (the channel closes)."""
@@ -217,8 +237,7 @@ class HostLock:
         fab = self.conn._connection()
         transport = fab.client.get_transport()
         chan = transport.open_session()
-        inner = f"printf %s {shlex.quote(holder)} > {root}/.lock.holder; echo LOCKED; exec cat >/dev/null"
-        chan.exec_command(f"mkdir -p {root} && exec flock -n -E 75 {root}/.lock sh -c {shlex.quote(inner)}")
+        chan.exec_command(lock_command(str(root), holder))
         buf = b""
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
@@ -233,12 +252,7 @@ class HostLock:
         rc = chan.recv_exit_status() if chan.exit_status_ready() else -1
         chan.close()
         if rc == 75:
-            held = self.conn.run(f"cat {root}/.lock.holder 2>/dev/null", check=False).stdout.strip()
-            try:
-                info = json.loads(held)
-                desc = f"{info.get('who')} (pid {info.get('pid')}, {info.get('action')} since {info.get('since')})"
-            except ValueError:
-                desc = "another opsctl run"
+            desc = describe_holder(self.conn, self.host)
             raise LockHeldError(f"host {self.host.name} is locked by {desc}",
                                 "wait for that run to finish ('opsctl status' shows progress), then try again")
         raise HostError(f"could not take the deploy lock on {self.host.name} (exit {rc})",
@@ -252,6 +266,25 @@ class HostLock:
             except Exception:  # noqa: BLE001 - the lock dies with the channel anyway
                 pass
             self._channel = None
+
+
+def describe_holder(conn: Connection, host: HostConfig) -> str:
+    """Who holds the deploy lock, from `<root>/.lock.holder`, for a refusal. The record names
+    the host-side process holding the flock (`host_pid`: the controller's shell, or the watch
+    itself); a record whose process is gone is stale (its holder exited without clearing it,
+    e.g. killed) and is never named as the holder (issue #32 item 12)."""
+    hf = shlex.quote(str(host.install_root / ".lock.holder"))
+    held = conn.run(f"cat {hf} 2>/dev/null", check=False).stdout.strip()
+    try:
+        info = json.loads(held)
+    except ValueError:
+        info = None
+    if not isinstance(info, dict):
+        return "another opsctl run"
+    pid = info.get("host_pid")
+    if isinstance(pid, int) and pid > 0 and not conn.run(f"kill -0 {pid} 2>/dev/null", check=False).ok:
+        return f"another opsctl run (the holder record names {info.get('who')}, whose process has exited: stale)"
+    return f"{info.get('who')} (pid {info.get('pid')}, {info.get('action')} since {info.get('since')})"
 
 
 def release_profile(info: ReleaseInfo | None, host: HostConfig) -> Profile:

@@ -175,8 +175,14 @@ def check_for_server(schedule: BudgetSchedule, *, capture_bs: list[int],
                 f"{what} {schedule.text}: band {band.min_bs}:{band.budget} (batch {schedule.band_range(i)}) "
                 f"holds no captured batch size (a batch of {band.min_bs} replays at the graph for {nxt})",
                 f"start bands at captured sizes ({_short_list(capture_bs)}), or drop the band")
-        if band.budget > FUSED_TREE_MAX_BUDGET and not allow_torch_beam:
-            raise ConfigError(
-                f"{what} {schedule.text}: budget {band.budget} is above the fused tree kernel's "
-                f"{FUSED_TREE_MAX_BUDGET}", "use budgets up to 64, or set tree_torch_fallback: true in the "
-                "profile (opsctl.profiles.ddtree) to accept the slower torch beam")
+        check_budget(band.budget, allow_torch_beam=allow_torch_beam, what=f"{what} {schedule.text}")
+
+
+def check_budget(budget: int, *, allow_torch_beam: bool, what: str) -> None:
+    """The limits every DDTree budget has, a schedule's band or `--budget N` (the one-band
+    schedule 1:N) alike: one check, so both are refused with the same line."""
+    if budget > FUSED_TREE_MAX_BUDGET and not allow_torch_beam:
+        raise ConfigError(
+            f"{what}: budget {budget} is above the fused tree kernel's {FUSED_TREE_MAX_BUDGET}",
+            f"use budgets up to {FUSED_TREE_MAX_BUDGET}, or set tree_torch_fallback: true in the "
+            "profile (opsctl.profiles.ddtree) to accept the slower torch beam")

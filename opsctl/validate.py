@@ -617,7 +617,14 @@ def _check_restarts(parsed: ParsedJournal) -> Finding:
     starts = parsed.process_starts
     events = parsed.unit_events
     started = [e for e in events if e.kind == "started"]
-    died = [e for e in events if e.kind in ("exited", "failed", "restart_scheduled")]
+    died, requested = [], False  # an exit after a requested stop (`Stopping ...`) is not a death
+    for e in events:
+        if e.kind == "started":
+            requested = False
+        elif e.kind == "stopping":
+            requested = True
+        elif e.kind in ("exited", "failed", "restart_scheduled") and not requested:
+            died.append(e)
     restarts = max(parsed.restarts, len(started) - 1)
     details = {"process_starts": [{"pid": s.pid, "line": s.line.line_no, "reason": s.reason,
                                    "timestamp": s.line.timestamp.isoformat() if s.line.timestamp else None}

@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -47,8 +48,11 @@ def emit_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
-def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
-    t = Table(title=title, show_lines=False, header_style="bold")
+def table(title: str | None, columns: list[str], rows: list[list[Any]], *, narrow: bool = False) -> None:
+    """`narrow`: no vertical rules and one space between columns (a table that must fit 80 columns)."""
+    t = Table(title=title, show_lines=False, header_style="bold",
+              **({"box": box.SIMPLE_HEAD, "padding": (0, 1), "collapse_padding": True, "pad_edge": False,
+                 "show_edge": False} if narrow else {}))
     for c in columns:
         t.add_column(c, overflow="fold")
     for r in rows:

@@ -26,6 +26,14 @@ def _levels(text: Optional[str]) -> Optional[list[int]]:
     return levels
 
 
+def report_name(name: Optional[str], run_file: str) -> str:
+    """`report`'s file name stem, as its --help says: --name, else the RELEASE id for a
+    release, else 'report' for a results file."""
+    if name:
+        return name
+    return "report" if Path(run_file).is_file() else run_file
+
+
 class _LevelProgress:
     """A rich progress bar per level (on stderr), fed by loadgen's ProgressEvents."""
 
@@ -60,7 +68,11 @@ class _LevelProgress:
         task = self.tasks.get(key)
         if task is None:
             return
-        self.progress.update(task, completed=ev.done)
+        now = next(t for t in self.progress.tasks if t.id == task)
+        # counts only go forward (events of concurrent requests may arrive out of order), and a
+        # finished level or canary shows N/N
+        done = (now.total or ev.done) if kind.endswith("_end") else max(ev.done, now.completed)
+        self.progress.update(task, completed=max(done, now.completed))
         if kind == "level_end" and ev.record is not None:
             r = ev.record
             self.progress.update(task, description=(
@@ -310,7 +322,8 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("report"), "--out", help="Output directory."),
         kind: Optional[str] = typer.Option(None, "--kind", help="Profile kind for the gate (default: from the run's "
                                            "metadata, else none)."),
-        name: str = typer.Option("report", "--name", help="File name stem of the PNG/Markdown/HTML."),
+        name: Optional[str] = typer.Option(None, "--name", help="File name stem of the PNG/Markdown/HTML "
+                                           "[default: the RELEASE id for a release, 'report' for a file]."),
         json_out: bool = _common.JsonOpt,
     ) -> None:
         """Write a PNG plot (tok/s and ITL p50 vs concurrency) and a Markdown/HTML summary with the verdict.
@@ -335,8 +348,7 @@ def register(app: typer.Typer) -> None:
 
             run, host_base, host_policy = release_bench(_common.inventory(inventory), run_file, limit=limit)
             base = read_jsonl(baseline) if baseline is not None else host_base
-            if name == "report":
-                name = run_file
+        name = report_name(name, run_file)
         verdict = None
         if base is not None:
             pk = kind or str(run.meta.get("profile_kind") or run.meta.get("kind") or "unknown")

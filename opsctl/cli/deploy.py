@@ -54,12 +54,22 @@ class _StepPrinter:
 
 
 def _print_verdict(ev: dict) -> None:
-    rows = ev.get("rows") or []
-    if rows:
-        cols = list(rows[0].keys())
-        _output.table(f"{ev['host']}: verdict {ev.get('status', '').upper()}", cols, [[r.get(c) for c in cols] for r in rows])
+    """The verdict in 80 columns: a narrow table (opsctl.gates.level_table), its legend and one
+    line per level with the judged quantity, then the reasons and notes."""
+    tab = ev.get("table")
+    title = f"{ev['host']}: verdict {ev.get('status', '').upper()}"
+    if tab and tab.get("rows"):
+        _output.table(title, tab["columns"], tab["rows"], narrow=True)
+        for line in tab.get("lines") or []:
+            _output.info(f"  {line}")
+    elif ev.get("rows"):  # an event from an older controller's stream
+        cols = list(ev["rows"][0].keys())
+        _output.table(title, cols, [[r.get(c) for c in cols] for r in ev["rows"]])
     for reason in ev.get("reasons", []):
         _output.info(f"[{ev['host']}]   {reason}")
+    for note in ev.get("notes") or []:
+        if "no baseline at this level" in note:
+            _output.info(f"[{ev['host']}]   note: {note}")
 
 
 def _print_plan(plan: dict) -> None:
@@ -167,9 +177,13 @@ def register(app: typer.Typer) -> None:
         inventory: Optional[Path] = _common.InventoryOpt,
         limit: Optional[str] = _common.LimitOpt,
         reason: str = typer.Option("manual rollback", "--reason", help="Why, for the ledger."),
+        force: bool = typer.Option(False, "--force", help="Switch to a release whose gate verdict failed; it serves, "
+                                   "but the last good release stays the last one that passed its gate."),
         json_out: bool = _common.JsonOpt,
     ) -> None:
         """Switch back to the previous good release (or the one named), wait until it is ready, record it.
+
+        A release whose gate verdict failed is refused (exit 2) unless --force.
 
         Examples:
 
@@ -179,13 +193,15 @@ def register(app: typer.Typer) -> None:
         """
         _output.set_json(json_out)
         recs = rollback(_common.inventory(inventory), to, limit=limit, reason=reason,
-                             progress=_StepPrinter(json_out))
+                        progress=_StepPrinter(json_out), force=force)
         if json_out:
             _output.emit_json({"ok": True, "rollbacks": recs})
         else:
             for r in recs:
                 _output.info(f"[{r['host']}] rolled back {r.get('from_release')} -> {r['to_release']} "
-                             f"(ready in {r.get('ready_s')}s)")
+                             f"(ready in {r.get('ready_s')}s)"
+                             + (f"; forced: its gate verdict was {r.get('verdict')}, so it is not last good"
+                                if r.get("forced") else ""))
 
     @app.command("status")
     def status_cmd(inventory: Optional[Path] = _common.InventoryOpt, limit: Optional[str] = _common.LimitOpt,
@@ -219,7 +235,11 @@ def register(app: typer.Typer) -> None:
                     _output.info(f"[{r['host']}] note: the deploy of {u.get('to_release')} started {u.get('ts')} "
                                  "has not finished (running now, or its controller died; the host's guard timer "
                                  "reverts an unconfirmed release)")
-            if r["release"] and r.get("judged") is False:
+            if r["release"] and r.get("judged") is False and ((r.get("last_verdict") or {}).get("status")
+                                                               not in (None, "pass")):
+                _output.info(f"[{r['host']}] note: the live release {r['release']} failed its gate "
+                             f"({r['last_verdict']['status']}); the last good release is {r.get('last_good') or 'none'}")
+            elif r["release"] and r.get("judged") is False:
                 _output.info(f"[{r['host']}] note: the live release {r['release']} was never judged; the last good "
                              f"release is {r.get('last_good') or 'none'}")
             lv = r.get("last_verdict")

@@ -39,9 +39,28 @@ def _finish(findings: list[Finding], title: str, json_out: bool, extra: Optional
                           details={"findings": [f.model_dump() for f in failed]})
 
 
+def _pick_starts(parsed, start: str, from_file: Path) -> list[tuple[int, object]]:
+    """(1-based number, parsed start) for `--start N|last|all`."""
+    from opsctl import journal
+
+    segs = journal.starts(parsed)
+    if start == "all":
+        return list(enumerate(segs, 1))
+    if start == "last":
+        return [(len(segs), segs[-1])]
+    try:
+        n = int(start)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= len(segs):
+        raise ConfigError(f"--start {start}: {from_file} holds {len(segs)} start(s) of the service",
+                          f"use --start 1..{len(segs)}, --start last (the default) or --start all")
+    return [(n, segs[n - 1])]
+
+
 def _offline(from_file: Path, profile_name: Optional[str], budget: Optional[int],
              max_concurrency: Optional[int], only: Optional[str], json_out: bool,
-             budget_schedule: Optional[str] = None) -> None:
+             budget_schedule: Optional[str] = None, start: str = "last") -> None:
     from opsctl import journal
     from opsctl.config import resolve_profile
     from opsctl.validate import expectations_from_log, validate, validate_decode, validate_startup
@@ -58,32 +77,46 @@ def _offline(from_file: Path, profile_name: Optional[str], budget: Optional[int]
     if profile_name is not None:
         overrides = {profile_name: {"max_concurrency": max_concurrency}} if max_concurrency else None
         profile = resolve_profile(profile_name, budget, overrides=overrides, budget_schedule=budget_schedule)
-    parsed = journal.load_file(from_file)
-    if not parsed.lines:
+    whole = journal.load_file(from_file)
+    if not whole.lines:
         raise ConfigError(f"{from_file} holds no log lines", "pass a saved journal or an SGLang log excerpt")
-    if not journal.looks_like_sglang(parsed):
+    if not journal.looks_like_sglang(whole):
         raise ConfigError(f"{from_file} holds no SGLang server log lines (no server_args, capture, decode, ready "
                           f"or error line): it is not a journal of the service",
                           "save one with: journalctl -u UNIT --since '<release start>' > FILE (or -o json)")
-    extra = None
-    if profile is None:
-        # no --profile: check the log against what its own server_args line says it was launched with
-        profile = expectations_from_log(parsed, max_concurrency=max_concurrency)
-        if profile is None:
-            raise ConfigError(f"{from_file} has no server_args line (SGLang prints it at start), so the log "
-                              "does not say what to expect",
-                              "pass --profile P (and --budget N for ddtree), e.g. opsctl validate --from-file "
-                              f"{from_file} --profile ddtree --budget 16")
-        _output.info(profile.describe())
-        extra = {"expectations": profile.as_dict()}
-    if only == "startup":
-        findings = validate_startup(parsed, profile)
-    elif only == "decode":
-        findings = validate_decode(parsed, profile, require=True)
-    else:
-        # a saved log may stop before any load: decode lines are checked when present
-        findings = validate(parsed, profile, require_decode=False)
-    _finish(findings, f"{from_file.name}: {getattr(profile, 'label', profile.name)}", json_out, extra)
+    picked = _pick_starts(whole, start, from_file)
+    total = len(journal.starts(whole)) if start != "all" else len(picked)
+    findings: list[Finding] = []
+    extra: dict | None = None
+    labels = []
+    for n, parsed in picked:
+        expect = profile
+        if expect is None:
+            # no --profile: check the log against what its own server_args line says it was launched with
+            expect = expectations_from_log(parsed, max_concurrency=max_concurrency)
+            if expect is None:
+                raise ConfigError(f"{from_file} has no server_args line (SGLang prints it at start)"
+                                  + (f" in start {n} of {total}" if total > 1 else "")
+                                  + ", so the log does not say what to expect",
+                                  "pass --profile P (and --budget N for ddtree), e.g. opsctl validate --from-file "
+                                  f"{from_file} --profile ddtree --budget 16")
+            _output.info(expect.describe())
+            extra = {**(extra or {}), "expectations": expect.as_dict()}
+        if only == "startup":
+            found = validate_startup(parsed, expect)
+        elif only == "decode":
+            found = validate_decode(parsed, expect, require=True)
+        else:
+            # a saved log may stop before any load: decode lines are checked when present
+            found = validate(parsed, expect, require_decode=False)
+        if len(picked) > 1:
+            found = [f.model_copy(update={"check": f"start{n}.{f.check}"}) for f in found]
+        findings += found
+        labels.append(getattr(expect, "label", expect.name))
+    where = "" if total == 1 else (f" (all {total} starts)" if len(picked) > 1 else f" (start {picked[0][0]} of {total})")
+    if total > 1:
+        extra = {**(extra or {}), "starts": total, "validated_starts": [n for n, _ in picked]}
+    _finish(findings, f"{from_file.name}{where}: {', '.join(dict.fromkeys(labels))}", json_out, extra)
 
 
 def _live(inventory: Optional[Path], limit: Optional[str], json_out: bool) -> None:
@@ -109,6 +142,9 @@ def register(app: typer.Typer) -> None:
                                                       "graphs must cover (default: the profile's)."),
         only: Optional[str] = typer.Option(None, "--only", help="Run only the 'startup' or the 'decode' checks "
                                            "(offline mode)."),
+        start: str = typer.Option("last", "--start", help="A file spanning several starts of the service "
+                                  "(deploys, rollbacks): validate start N (1 = oldest), 'last' (default) or 'all'. "
+                                  "A clean stop followed by a start is a new start, not a restart (offline mode)."),
         inventory: Optional[Path] = _common.InventoryOpt,
         limit: Optional[str] = _common.LimitOpt,
         json_out: bool = _common.JsonOpt,
@@ -129,17 +165,19 @@ def register(app: typer.Typer) -> None:
 
           opsctl validate --from-file journal.txt   # expectations from the log's server_args line
 
+          opsctl validate --from-file whole-journal.txt --start all   # every start in a journal of several deploys
+
           opsctl validate -i inventories/lab
         """
         _output.set_json(json_out)
         if only not in (None, "startup", "decode"):
             raise ConfigError(f"--only {only!r} is not a check group", "use --only startup or --only decode")
         if from_file is not None:
-            _offline(from_file, profile, budget, max_concurrency, only, json_out, budget_schedule)
+            _offline(from_file, profile, budget, max_concurrency, only, json_out, budget_schedule, start)
             return
         if (profile is not None or budget is not None or budget_schedule is not None or only is not None
-                or max_concurrency is not None):
-            raise ConfigError("--profile/--budget/--budget-schedule/--max-concurrency/--only apply to --from-file only; live "
+                or max_concurrency is not None or start != "last"):
+            raise ConfigError("--profile/--budget/--budget-schedule/--max-concurrency/--only/--start apply to --from-file only; live "
                               "validation reads the profile from the live release",
                               "add --from-file LOG, or drop those options")
         _live(inventory, limit, json_out)

@@ -11,7 +11,7 @@ from typing import List, Optional
 import typer
 
 from opsctl.cli import _common, _output
-from opsctl.errors import CheckFailed
+from opsctl.errors import CheckFailed, ConfigError
 
 wheelhouse_app = typer.Typer(
     name="wheelhouse",
@@ -36,6 +36,17 @@ runtime_app = typer.Typer(
 
 def _mib(n: int | None) -> str:
     return "?" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+def _refuse_built_elsewhere(host, directory) -> None:
+    """A wheelhouse another command builds (the lab's host runs the SGLang emulator: its
+    wheelhouse is `opsctl lab up`'s, the emulator and runtime wheels, nothing resolved) is never
+    given the real SGLang set."""
+    by = host.runtime.wheelhouse_built_by
+    if by:
+        raise ConfigError(f"the wheelhouse of {host.name} ({directory}) is built by '{by}' "
+                          "(opsctl.runtime.wheelhouse_built_by), not resolved from the real SGLang",
+                          f"run '{by}' to rebuild it; for a real SGLang set pass --out DIR (and --sglang V)")
 
 
 @wheelhouse_app.command("build")
@@ -81,12 +92,14 @@ def build_cmd(
 
     _output.set_json(json_out)
     host = None
-    if sglang is None or python is None or platform is None or (out is None and not dry_run):
+    if sglang is None or python is None or platform is None or (out is None and (not dry_run or inventory)):
         host = _common.inventory(inventory).single(limit)
     rt = host.runtime if host else None
+    directory = out or (rt.wheelhouse if rt else None)
+    if host is not None and out is None:
+        _refuse_built_elsewhere(host, directory)  # before anything is resolved
     requirements = [f"sglang=={sglang}"] if sglang else list(rt.base_requirements)
     target = wh.Target(python or rt.python_version, platform or rt.platform)
-    directory = out or (rt.wheelhouse if rt else None)
     wheels = list(add)
     with tempfile.TemporaryDirectory(prefix="opsctl-runtime-") as tmp:
         if with_runtime:
@@ -105,7 +118,12 @@ def build_cmd(
     _output.info(f"total {_mib(res.total_bytes)} in {len(res.entries)} wheels"
                  + (f" ({unknown} of unknown size)" if unknown else "")
                  + ("; from the existing lock" if res.reused_lock else f"; resolved in {res.resolve_s:.1f}s"))
-    if not dry_run:
+    if dry_run:
+        _output.info(f"dry run: would write {res.directory / wh.LOCK_NAME} and {len(res.entries)} wheel(s) into "
+                     f"{res.directory}; nothing was downloaded or written" if directory is not None else
+                     "dry run: no directory named (pass --out DIR, or -i INVENTORY for its opsctl.runtime.wheelhouse); "
+                     "nothing was downloaded or written")
+    else:
         _output.info(f"downloaded {len(res.downloaded)} file(s), {_mib(res.downloaded_bytes)} in {res.download_s:.1f}s; "
                      f"{len(res.present)} already present" + (f"; removed {len(res.removed)} unlocked" if res.removed
                                                                else ""))

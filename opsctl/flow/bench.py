@@ -2,7 +2,6 @@
 decided; the baselines it is compared with; `opsctl bench` on the live release."""
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shlex
@@ -10,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from opsctl.bench.baseline import baseline_paths, mix_slug
 from opsctl.config import HostConfig, Inventory
 from opsctl.errors import CheckFailed, ConfigError, HostError
 from opsctl.flow.steps import as_inventory
@@ -19,24 +19,13 @@ from opsctl.releases import append_ledger, read_state, release_profile
 # --------------------------------------------------------------------------- benchmark gate
 
 
-def _mix_slug(policy) -> str:
-
-    from opsctl.bench.workloads import mix_key
-
-    return hashlib.sha256(mix_key(policy.workloads).encode()).hexdigest()[:10]
-
-
-def baseline_paths(host: HostConfig, profile_name: str, policy=None) -> tuple[str, str]:
-    """(the bench run, the greedy canary) of the baseline profile. Runs are stored per
-    workload mix (a candidate is compared on the same requests); the canary is per profile."""
-    base = f"{host.install_root}/baselines/{host.model.name}"
-    policy = policy or host.gate_policy()
-    return f"{base}/{profile_name}.{_mix_slug(policy)}.jsonl", f"{base}/{profile_name}.canary.json"
+# the stored baseline's file names: one function for the gate and the watch (opsctl/bench/baseline.py)
+_mix_slug = mix_slug
 
 
 def has_baseline(conn: Connection, host: HostConfig, policy=None) -> bool:
     run_path, canary_path = baseline_paths(host, host.baseline_profile, policy)
-    return conn.run(f"test -s {run_path} && test -s {canary_path}", check=False).ok
+    return conn.run(f"test -s {shlex.quote(run_path)} && test -s {shlex.quote(canary_path)}", check=False).ok
 
 
 def require_baseline(conn: Connection, host: HostConfig, policy=None) -> None:
@@ -92,25 +81,27 @@ def _progress_relay(progress: Callable[[Any], None] | None, rnd: int = 0) -> Cal
         return None
     from opsctl.bench.loadgen import ProgressEvent
 
-    started: set[tuple[int, int]] = set()
+    totals: dict[tuple[int, int], int] = {}  # (level, repeat) -> requests, from its progress lines
+    errors_of: dict[tuple[int, int], int] = {}
 
     def on_line(line: str) -> None:
         m = _PROGRESS.search(line)
         if m:
             c, rep, done, total, errors = (int(x) for x in m.groups())
             rep += rnd
-            if (c, rep) not in started:
-                started.add((c, rep))
+            if (c, rep) not in totals:
                 progress(ProgressEvent("level_start", c, rep - 1, 0, total, 0))
+            totals[(c, rep)], errors_of[(c, rep)] = total, errors
             progress(ProgressEvent("request_done", c, rep - 1, done, total, errors))
             return
         m = _LEVEL_END.search(line)
         if m:
             c, rep = int(m.group(1)), int(m.group(2)) + rnd
-            if (c, rep) not in started:
-                started.add((c, rep))
+            if (c, rep) not in totals:
+                totals[(c, rep)] = 1  # no progress line came first: a level of unknown size, shown as 1/1
                 progress(ProgressEvent("level_start", c, rep - 1, 0, 1, 0))
-            progress(ProgressEvent("level_end", c, rep - 1, 1, 1, 0))
+            total = totals[(c, rep)]  # the level ends at N/N, never at 1/N
+            progress(ProgressEvent("level_end", c, rep - 1, total, total, errors_of.get((c, rep), 0)))
 
     return on_line
 
@@ -234,16 +225,18 @@ def save_baseline(conn: Connection, host: HostConfig, profile_name: str, run, po
                           "check the server's /generate answers at temperature 0, then bench again")
     with tempfile.TemporaryDirectory() as tmp:
         local = write_jsonl(run, Path(tmp) / "baseline.jsonl")
-        conn.run(f"mkdir -p $(dirname {run_path}) && cat > {run_path}.new && mv -f {run_path}.new {run_path}",
+        q = shlex.quote(run_path)
+        conn.run(f"mkdir -p \"$(dirname {q})\" && cat > {q}.new && mv -f {q}.new {q}",
                  stdin=local.read_text())
-    conn.run(f"cat > {canary_path}.new && mv -f {canary_path}.new {canary_path}",
+    q = shlex.quote(canary_path)
+    conn.run(f"cat > {q}.new && mv -f {q}.new {q}",
              stdin=json.dumps(run.canary.reference()) + "\n")
     return run_path
 
 
 def load_baseline(conn: Connection, host: HostConfig, policy=None):
     run_path, _ = baseline_paths(host, host.baseline_profile, policy)
-    res = conn.run(f"cat {run_path}", check=False)
+    res = conn.run(f"cat {shlex.quote(run_path)}", check=False)
     if not res.ok:
         require_baseline(conn, host, policy)
     return run_from_text(res.stdout, source=f"{host.name}:{run_path}")

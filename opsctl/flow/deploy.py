@@ -12,6 +12,7 @@ mid-gate cannot leave an unjudged release serving.
 from __future__ import annotations
 
 import contextlib
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -370,7 +371,8 @@ def _interrupted_before_switch(conn: Connection, host: HostConfig, plan: Plan, s
     step = steps.current
     with BRAKE.shielded("recording the interrupt"):
         root = host.install_root
-        res = conn.run(f"cd {root} 2>/dev/null && {{ test -f releases/{plan.release}/manifest.json && echo RELEASE; "
+        res = conn.run(f"cd {shlex.quote(str(root))} 2>/dev/null && {{ test -f "
+                       f"{shlex.quote(f'releases/{plan.release}/manifest.json')} && echo RELEASE; "
                        f"ls -d releases/.staging-* shared/drafters/.incoming-* 2>/dev/null; true; }}",
                        check=False, timeout=30)
         lines = res.stdout.split()
@@ -387,6 +389,20 @@ def _interrupted_before_switch(conn: Connection, host: HostConfig, plan: Plan, s
                        f"(nothing live changed); left staged: {', '.join(left) or 'nothing'}",
                        "run the same deploy again to finish it, or leave it: 'opsctl status' shows what is live",
                        signal_name=exc.signal_name, details={"step": step, "switched": False, "left_staged": left})
+
+
+def _record_failed_before_switch(conn: Connection, host: HostConfig, plan: Plan, exc: OpsctlError) -> None:
+    """A deploy that recorded `started` and failed before its switch (the guard, the switch
+    itself): say so in the ledger, best effort (the error is the news). The guard stays armed:
+    should a failed switch have flipped `current` after all, it reverts it; else it records that
+    it had nothing to do."""
+    try:
+        append_ledger(conn, host, {"action": "deploy", "result": "failed", "switched": False,
+                                   "to_release": plan.release, "from_release": plan.previous,
+                                   "profile": plan.profile.name, "budget": plan.profile.budget,
+                                   "error": exc.problem})
+    except OpsctlError:
+        pass
 
 
 def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile, plan: Plan, steps: Steps,
@@ -406,12 +422,13 @@ def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile,
     # what a failure, an interrupt or the guard puts back: the last judged-good release (or the
     # baseline), never a release nobody judged, whatever happens to be live
     fallback = fallback_release(plan.state, host, exclude=plan.release)
-    switched = False
+    switched = started = False
     try:
         with BRAKE.held():  # these three run whole: a signal here is acted on right after the switch
             append_ledger(conn, host, {"action": "deploy", "result": "started", "from_release": previous,
                                        "to_release": plan.release, "fallback": fallback, "profile": profile.name,
                                        "budget": profile.budget})
+            started = True
             if fallback:
                 arm_guard(conn, host, fallback, host.settings.guard_s or profile.readiness_timeout_s + 1800,
                           expect=plan.release)
@@ -468,6 +485,8 @@ def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile,
                           signal_name=exc.signal_name, details={"step": step, "switched": True, **details}) from None
     except OpsctlError as exc:
         if not switched:
+            if started:  # the started record needs its end (the watch steps aside until it sees one)
+                _record_failed_before_switch(conn, host, plan, exc)
             raise
         reason = exc.problem
         crash = crash_cause(conn, host, since) if "start failed" not in reason else None

@@ -2,6 +2,8 @@
 holds the pure decision); the verdict goes to the ledger."""
 from __future__ import annotations
 
+import shlex
+
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ from opsctl.flow.bench import (
     summary_line,
 )
 from opsctl.flow.steps import GateOutcome, Steps
-from opsctl.gates import judge_with_remeasure, verdict_summary
+from opsctl.gates import judge_with_remeasure, level_table, verdict_summary
 from opsctl.host.connection import Connection
 from opsctl.releases import append_ledger
 
@@ -53,8 +55,10 @@ def bench_and_judge(conn: Connection, host: HostConfig, profile: Profile, releas
         canary_ran=bool(first.canary and first.canary.compared), first=first,
         undrafted_levels=undrafted_levels(profile, policy.concurrency))
     store_release_bench(conn, host, release, run)
+    cols, cells, lines = level_table(verdict.rows)
     steps.progress({"event": "verdict", "host": host.name, "status": verdict.status, "reasons": verdict.reasons,
-                    "rows": [_row(r) for r in verdict.rows]})
+                    "notes": verdict.notes, "rows": [_row(r) for r in verdict.rows],
+                    "table": {"columns": cols, "rows": cells, "lines": lines}})
     rec = _verdict_record(conn, host, release, profile, verdict.status, verdict.reasons, verdict.notes,
                           rows=[r.model_dump(mode="json") for r in verdict.rows], canary=verdict.canary,
                           attempts=verdict.attempts)
@@ -81,6 +85,9 @@ def _row(r) -> dict:
         return "-" if v is None else fmt % v
 
     return {"C": r.concurrency, "baseline tok/s": f(r.baseline_tok_s, "%.1f"), "release tok/s": f(r.candidate_tok_s, "%.1f"),
+            "aggregate delta": f(r.aggregate_delta_pct, "%+.1f%%"), "judged on": r.judged_on,
+            "baseline per-request tok/s": f(r.baseline_req_tok_s, "%.1f"),
+            "release per-request tok/s": f(r.candidate_req_tok_s, "%.1f"),
             "delta": f(r.delta_pct, "%+.1f%%"), "ITL p50 base": f(r.baseline_itl_p50_ms, "%.2f ms"),
             "ITL p50 rel": f(r.candidate_itl_p50_ms, "%.2f ms"), "accept": f(r.accept_length, "%.2f"),
             "errors": r.errors,
@@ -93,8 +100,8 @@ def store_release_bench(conn: Connection, host: HostConfig, release: str, run) -
 
     with tempfile.TemporaryDirectory() as tmp:
         local = write_jsonl(run, Path(tmp) / "bench.jsonl")
-        conn.run(f"test -d {host.install_root}/releases/{release} && cat > {host.install_root}/releases/{release}/bench.jsonl",
-                 stdin=local.read_text(), check=False)
+        rdir = shlex.quote(str(host.install_root / "releases" / release))
+        conn.run(f"test -d {rdir} && cat > {rdir}/bench.jsonl", stdin=local.read_text(), check=False)
 
 
 def _verdict_record(conn: Connection, host: HostConfig, release: str, profile: Profile, status: str,

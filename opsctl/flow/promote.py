@@ -30,8 +30,12 @@ def fallback_release(state: HostState, host: HostConfig, exclude: str | None) ->
 
 def roll_back_after_failure(conn: Connection, host: HostConfig, plan: Plan, target: str | None, reason: str,
                              exc: OpsctlError | None, steps: Steps) -> str:
+    """Put `target` back after `plan.release` failed (or was interrupted) past its switch.
+    The guard armed for `plan.release` stays armed until the switch back has happened: a
+    controller killed before that leaves the guard to revert it, so a release that failed
+    its gate never serves unguarded (the guard waits for the deploy lock, and does nothing
+    once `plan.release` is no longer live)."""
     t0 = steps.start("rollback", f"back to {target or 'nothing (no judged release or baseline on the host)'}")
-    disarm_guard(conn, host)
     record: dict[str, Any] = {"action": "rollback", "from_release": plan.release, "to_release": target,
                               "profile": plan.profile.name, "budget": plan.profile.budget, "reason": reason,
                               "automatic": True}
@@ -39,10 +43,12 @@ def roll_back_after_failure(conn: Connection, host: HostConfig, plan: Plan, targ
         record["details"] = exc.details
     if not target or target == plan.release:
         stop_service(conn, host)
+        disarm_guard(conn, host)
         append_ledger(conn, host, {**record, "result": "ok", "to_release": None})
         steps.done("rollback", t0, "service stopped: no judged-good release or baseline to go back to")
         return "the service was stopped (no judged-good release or baseline on the host to go back to)"
     since = switch(conn, host, target)
+    disarm_guard(conn, host)  # only now: plan.release no longer serves
     info = plan.state.releases.get(target)
     try:
         wait_ready(conn, host, release_profile(info, host), since, steps)
@@ -73,47 +79,64 @@ def prune(conn: Connection, host: HostConfig) -> list[str]:
 
 
 def rollback(inventory: str | Path | Inventory, to: str | None = None, *, limit: str | None = None,
-             reason: str = "manual rollback", progress: Progress | None = None) -> list[dict]:
+             reason: str = "manual rollback", progress: Progress | None = None, force: bool = False) -> list[dict]:
     inv = as_inventory(inventory)
     results = []
     with BRAKE.engaged(on_note=lambda m: (progress or noop)({"event": "note", "host": "opsctl", "message": m})):
         for host in inv.select(limit):
-            results.extend(rollback_host(host, to, reason, progress))
+            results.extend(rollback_host(host, to, reason, progress, force=force))
     return results
 
 
-def rollback_host(host: HostConfig, to: str | None, reason: str, progress: Progress | None) -> list[dict]:
-    """Switch one host to TO (None: its last good release), wait until ready, record it."""
+def rollback_host(host: HostConfig, to: str | None, reason: str, progress: Progress | None, *,
+                  force: bool = False) -> list[dict]:
+    """Switch one host to TO (None: its last good release), wait until ready, record it. A
+    release whose gate verdict failed is refused unless `force`; forced, it serves but is
+    recorded as forced, so it never becomes last good."""
     results = []
     steps = Steps(progress, host.name)
     conn = connect(host)
     try:
-        _rollback_target(host, read_state(conn, host), to)  # bad input fails before the lock is taken
+        _rollback_target(host, read_state(conn, host), to, force)  # bad input fails before the lock is taken
         BRAKE.check()  # interrupted before anything changed: stop here
         with HostLock(conn, host, "rollback"), BRAKE.shielded("rolling back: it finishes first"):
             state = read_state(conn, host)
-            target = _rollback_target(host, state, to)
+            target = _rollback_target(host, state, to, force)
             info = state.releases[target]
-            disarm_guard(conn, host)
+            failed = state.gate_failed(target)
+            forced = {"forced": True, "verdict": failed.get("status")} if failed else {}
             t0 = steps.start("switch", f"{state.current or 'none'} -> {target}")
             since = switch(conn, host, target)
+            disarm_guard(conn, host)  # after the switch: a rollback killed before it leaves any guard armed
             steps.done("switch", t0, f"current -> {target}")
             try:
                 ready = wait_ready(conn, host, release_profile(info, host), since, steps)
             except DeployFailed as exc:
                 append_ledger(conn, host, {"action": "rollback", "result": "failed", "from_release": state.current,
-                                           "to_release": target, "reason": reason, "error": exc.problem})
+                                           "to_release": target, "reason": reason, "error": exc.problem, **forced})
                 raise
             rec = append_ledger(conn, host, {"action": "rollback", "result": "ok", "from_release": state.current,
                                              "to_release": target, "profile": info.profile, "budget": info.budget,
-                                             "reason": reason, "ready_s": round(ready.seconds, 2)})
+                                             "reason": reason, "ready_s": round(ready.seconds, 2), **forced})
             results.append(rec)
     finally:
         conn.close()
     return results
 
 
-def _rollback_target(host: HostConfig, state: HostState, to: str | None) -> str:
+def _rollback_target(host: HostConfig, state: HostState, to: str | None, force: bool = False) -> str:
+    target = _named_target(host, state, to)
+    failed = state.gate_failed(target)
+    if failed and not force:
+        why = failed.get("reason") or "; ".join(failed.get("reasons") or []) or "no reason recorded"
+        raise ConfigError(f"release {target} on {host.name} failed its gate (verdict {failed.get('status')}, "
+                          f"{failed.get('ts') or 'time unknown'}: {why})",
+                          "roll back to a release that passed ('opsctl rollback' picks the last good one), or "
+                          "add --force to serve it anyway (it will not become last good)")
+    return target
+
+
+def _named_target(host: HostConfig, state: HostState, to: str | None) -> str:
     if to in (None, "previous"):
         target = state.last_good(exclude=state.current)
         if target is None:

@@ -49,12 +49,15 @@ def host_config(host: HostConfig) -> dict[str, Any]:
                                overrides=host.settings.profiles)
         rules[name] = w.rules_for(prof, policy.floor_for(prof.kind)).model_dump(mode="json")
     baseline = host.profile(host.baseline_profile)
+    from opsctl.bench.baseline import baseline_paths  # the one name of the stored baseline bench (the gate's)
+
     return {
         "version": 1, "host": host.name, "service": host.service_name, "unit": host.unit_name,
         "root": str(host.install_root), "port": host.http_port, "state_dir": str(STATE_DIR),
         "mode": w.mode, "interval_s": w.interval_s, "window_s": w.window_s, "min_samples": w.min_samples,
         "scrape_timeout_s": w.scrape_timeout_s, "baseline_profile": host.baseline_profile,
         "model": host.model.name, "ready_timeout_s": baseline.readiness_timeout_s,
+        "baseline_bench": baseline_paths(host, host.baseline_profile, policy)[0],
         "notify": w.notify.model_dump(mode="json"), "rules": rules,
         "default_rules": w.defaults.model_dump(mode="json"),   # a profile the inventory does not name
     }
@@ -94,10 +97,14 @@ def _agent(conn: Connection, host: HostConfig, command: str, *args: str) -> dict
                         f"{(res.stderr.strip() or out).splitlines()[-1:] or ['']}"[:300],
                         f"check 'systemctl status {unit_name(host)}' on the host")
     try:
-        return json.loads(out.splitlines()[-1])
+        rep = json.loads(out.splitlines()[-1])
     except (ValueError, IndexError):
         raise HostError(f"opsctl-watch {command} on {host.name} printed no JSON",
                         "redeploy to reinstall the watch program") from None
+    shown = rep.get("config") if isinstance(rep, dict) else None
+    if isinstance(shown, dict) and shown.get("notify"):  # an older agent printed its notify URL whole
+        shown["notify"] = agent.redacted_notify(shown["notify"])
+    return rep
 
 
 def brief(conn: Connection, host: HostConfig) -> dict:

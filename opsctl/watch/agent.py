@@ -330,14 +330,32 @@ def summarise(findings: list, samples: list, window_s: float, now: float) -> str
     return "healthy"
 
 
+# Records that end a deploy-like operation (issue #32 item 4): a promote or any rollback (the
+# controller's, the guard's, the watch's), a tune's restore (`action: tune`, after its trials), a
+# guard that found its release no longer live (`action: guard`), and a deploy that ended without
+# a switch (unchanged, failed or interrupted before it). A trial (`deploy trial`) does not: the
+# tune goes on to its next trial or its restore, and its guard stays armed until then.
+ENDS_DEPLOY_ACTIONS = ("promote", "rollback", "tune", "guard")
+ENDS_DEPLOY_RESULTS = ("unchanged", "failed")
+
+
+def ends_deploy(rec: dict) -> bool:
+    act, res = rec.get("action"), rec.get("result")
+    if act in ENDS_DEPLOY_ACTIONS:
+        return True
+    if act == "deploy":
+        # interrupted after the switch: the rollback that follows ends it
+        return res in ENDS_DEPLOY_RESULTS or (res == "interrupted" and not rec.get("switched"))
+    return False
+
+
 def ledger_view(records: list, deploying: bool = False) -> dict:
-    """What the ledger says: a deploy in progress (started, not yet promoted or rolled back).
+    """What the ledger says: a deploy in progress (started, not yet ended; see ends_deploy).
     `records` are the records since the last read, `deploying` what the earlier ones said."""
     for rec in records:
-        act, res = rec.get("action"), rec.get("result")
-        if act == "deploy" and res == "started":
+        if rec.get("action") == "deploy" and rec.get("result") == "started":
             deploying = True
-        elif act in ("promote", "rollback") or (act == "deploy" and res == "unchanged"):
+        elif ends_deploy(rec):
             deploying = False
     return {"deploying": deploying}
 
@@ -497,25 +515,55 @@ class HostLock:
         self.root, self.action, self.fd = root, action, None
 
     def acquire(self, wait_s: float) -> bool:
+        """True with the lock held (release() it in a finally), False when another holds it.
+        No path out of here leaves the lock held without returning True: any error after the
+        flock closes the descriptor first (issue #32: a full disk used to leak it for good)."""
         self.fd = os.open(os.path.join(self.root, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() > deadline:
-                    os.close(self.fd)
-                    self.fd = None
-                    return False
-                time.sleep(0.2)
-        holder = {"who": f"opsctl-watch@{socket.gethostname()}", "pid": os.getpid(), "action": self.action,
-                  "since": _iso(time.time())}
-        _write_atomic(os.path.join(self.root, ".lock.holder"), json.dumps(holder))
+        try:
+            deadline = time.monotonic() + wait_s
+            while True:
+                try:
+                    fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() > deadline:
+                        self.release()
+                        return False
+                    time.sleep(0.2)
+            self._write_holder()
+        except BaseException:
+            self.release()
+            raise
         return True
 
+    def _write_holder(self) -> None:
+        """Who holds the lock, for a refused deploy's message. Best effort: with the disk
+        full the rollback still goes ahead (a stale holder is removed, never left naming
+        someone else)."""
+        holder = {"who": f"opsctl-watch@{socket.gethostname()}", "pid": os.getpid(), "action": self.action,
+                  "since": _iso(time.time()), "host_pid": os.getpid()}
+        path = os.path.join(self.root, ".lock.holder")
+        try:
+            _write_atomic(path, json.dumps(holder))
+        except OSError as exc:
+            print(f"opsctl-watch: could not write {path}: {exc}; holding the lock without it",
+                  file=sys.stderr, flush=True)
+            for stale in (path, f"{path}.tmp.{os.getpid()}"):
+                try:
+                    os.unlink(stale)
+                except OSError:
+                    pass
+
     def release(self) -> None:
-        if self.fd is not None:
+        if self.fd is None:
+            return
+        path = os.path.join(self.root, ".lock.holder")
+        try:  # clear our own holder record while still holding the lock (never another's)
+            if (json.loads(_read(path) or "{}") or {}).get("pid") == os.getpid():
+                os.unlink(path)
+        except (OSError, ValueError, AttributeError):
+            pass
+        finally:
             os.close(self.fd)
             self.fd = None
 
@@ -582,8 +630,11 @@ class Watch:
         return classify_journal(entries)
 
     def curve(self) -> list:
-        path = os.path.join(self.root, "baselines", self.cfg["model"], f"{self.cfg['baseline_profile']}.jsonl")
-        return baseline_curve(_read(path))
+        """The baseline's bench curve from the file the gate stored it in: its path is named
+        on the controller by the gate's own function (opsctl.bench.baseline.baseline_paths, per
+        workload mix) and written into this configuration as `baseline_bench`."""
+        path = self.cfg.get("baseline_bench")
+        return baseline_curve(_read(path)) if path else []
 
     def rules_for(self, manifest: dict | None) -> dict:
         prof = (manifest or {}).get("profile") or {}
@@ -768,7 +819,7 @@ class Watch:
                         err = None
                         break
                 except (OSError, ValueError) as exc:
-                    err = str(exc)
+                    err = str(exc).replace(note["url"], redact_url(note["url"]))   # recorded, shown by status
                     time.sleep(1.0)
             if err:
                 out["url"] = {"error": err[:300], "attempts": 3}
@@ -809,6 +860,22 @@ def _rss_kib() -> int:
 # --------------------------------------------------------------------------- commands
 
 
+def redact_url(url):
+    """What `status` shows of a notify URL: its scheme and host, never its path or query (a
+    webhook's token lives there) nor credentials in it."""
+    if not url:
+        return url
+    m = re.match(r"(https?)://(?:[^@/\s]*@)?([^/\s?#]+)", str(url))
+    return f"{m.group(1)}://{m.group(2)}/<redacted>" if m else "<redacted>"
+
+
+def redacted_notify(notify) -> dict:
+    note = dict(notify or {})
+    if note.get("url"):
+        note["url"] = redact_url(note["url"])
+    return note
+
+
 def status_report(cfg: dict) -> dict:
     w = Watch(cfg)
     st = w.state
@@ -816,8 +883,8 @@ def status_report(cfg: dict) -> dict:
     show = _run(["systemctl", "show", unit, "-p", "ActiveState", "-p", "SubState", "-p", "MainPID",
                  "-p", "NRestarts"], timeout=10).stdout
     props = dict(line.split("=", 1) for line in show.splitlines() if "=" in line)
-    return {"config": {k: cfg.get(k) for k in ("mode", "interval_s", "window_s", "min_samples", "baseline_profile",
-                                                "notify")},
+    config = {k: cfg.get(k) for k in ("mode", "interval_s", "window_s", "min_samples", "baseline_profile")}
+    return {"config": {**config, "notify": redacted_notify(cfg.get("notify"))},
             "unit": {"name": unit, **props}, "paused": w.paused(), "tripped": st.get("tripped"),
             "rearmed": st.get("rearmed"), "last": st.get("last"), "samples": st.get("samples", [])[-12:],
             "watch_starts": st.get("watch_starts"), "ticks": st.get("ticks"), "pid": st.get("pid"),

@@ -102,3 +102,14 @@ def test_registered_in_the_main_app_when_it_lists_bench():
     if "bench" not in names:
         pytest.skip("opsctl.cli does not register the bench module yet")
     assert "report" in names
+
+
+def test_report_default_name_is_what_help_says(app, tmp_path):
+    # --help names both defaults; a results file gives report.*, a RELEASE id gives <release>.*
+    cmd = typer.main.get_command(app).commands["report"]
+    (opt,) = [p for p in cmd.params if p.name == "name"]
+    assert "the RELEASE id for a release, 'report' for a file" in opt.help and opt.default is None
+    f = write_jsonl(BASE, tmp_path / "a.jsonl")
+    assert bench_cli.report_name(None, str(f)) == "report"
+    assert bench_cli.report_name(None, "ddtree-b16-3ca2783571") == "ddtree-b16-3ca2783571"
+    assert bench_cli.report_name("mine", "ddtree-b16-3ca2783571") == "mine"

@@ -335,3 +335,46 @@ def test_a_crash_while_serving_names_the_crash_line(truth_lab):
     assert p.returncode == 5, p.stderr
     assert "illegal memory access" in p.stderr.strip().splitlines()[-1]
     assert live(truth_lab)["active"] == "active" and health(truth_lab) == 200
+
+
+# 7. an operator's rollback is not a verdict (issue #31)
+def test_rollback_to_a_gate_failed_release_needs_force_and_never_makes_it_last_good(truth_lab):
+    good = truth_lab.baseline
+    if live(truth_lab)["current"] != good:
+        p = opsctl("rollback", "--to", "baseline", inv=truth_lab.inv)
+        assert p.returncode == 0, p.stderr
+    with truth_lab.fault("accept_collapse", algorithm="DDTREE"):
+        p = opsctl("deploy", "ddtree", "--budget", "14", "--yes", "--skip-checks", inv=truth_lab.inv)
+    assert p.returncode == 5 and "gate failed" in p.stderr, p.stdout + p.stderr
+    verdict = [r for r in ledger(truth_lab) if r.get("action") == "verdict"][-1]
+    bad = verdict["release"]
+    assert verdict["status"] == "fail" and bad.startswith("ddtree-b14-"), verdict
+    back_on_baseline(truth_lab)
+    # refused before anything changes: exit 2, one line naming its verdict, the fix --force
+    n = len(ledger(truth_lab))
+    p = opsctl("rollback", "--to", bad, inv=truth_lab.inv)
+    assert p.returncode == 2, p.stdout + p.stderr
+    err = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(err) == 1 and f"release {bad}" in err[0] and "failed its gate (verdict fail" in err[0], err
+    assert "--force" in err[0]
+    assert live(truth_lab)["current"] == good and len(ledger(truth_lab)) == n
+    # forced: it serves, the ledger says forced, and last good stays the release that passed its gate
+    p = opsctl("rollback", "--to", bad, "--force", inv=truth_lab.inv)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "forced: its gate verdict was fail" in p.stdout + p.stderr
+    assert live(truth_lab)["current"] == bad and health(truth_lab) == 200
+    rec = ledger(truth_lab)[-1]
+    assert rec["action"] == "rollback" and rec["to_release"] == bad and rec["forced"] is True, rec
+    st = status(truth_lab.inv)
+    assert st["release"] == bad and st["last_good"] == good and st["judged"] is False
+    assert st["last_verdict"]["status"] == "fail"
+    # Ctrl-C after the next deploy's switch puts back the last good release, not the forced one
+    with truth_lab.fault("slow_start", load_s=60, algorithm="DDTREE"):
+        c = Controller("ddtree", "--budget", "15", *FAST, inv=truth_lab.inv)
+        assert wait_until(lambda: any(f"] {'ready':<10} ..." in x for x in c.lines), 240, 0.05), "\n".join(c.lines)
+        os.kill(c.proc.pid, signal.SIGINT)
+        assert c.proc.wait(240) == 130, "\n".join(c.lines)
+    back_on_baseline(truth_lab)
+    rec = ledger(truth_lab)[-1]
+    assert rec["action"] == "rollback" and rec["to_release"] == good and rec["result"] == "ok", rec
+    assert status(truth_lab.inv)["last_good"] == good

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.config import load_inventory
+from opsctl.config import load_inventory, resolve_profile
 from opsctl.render import render
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,10 +51,13 @@ def test_render_is_deterministic():
     assert a.release_files == b.release_files and a.digest() == b.digest()
 
 
-@pytest.mark.parametrize("budget", [3, 8, 16, 32, 255])
+@pytest.mark.parametrize("budget", [3, 8, 16, 32, 64, 255])
 def test_ddtree_verify_width_is_budget_plus_one_in_argv(budget):
     host = load_inventory(REPO / "inventories/blackwell").hosts["blackwell"]
-    argv = render(host, host.profile("ddtree", budget)).argv
+    # above the fused tree kernel's 64 a profile must opt in to the torch beam (opsctl.schedule.check_budget)
+    prof = (host.profile("ddtree", budget) if budget <= 64 else
+            resolve_profile("ddtree", budget, overrides={"ddtree": {"tree_torch_fallback": True}}))
+    argv = render(host, prof).argv
     assert argv[argv.index("--speculative-algorithm") + 1] == "DDTREE"
     assert argv[argv.index("--speculative-num-draft-tokens") + 1] == str(budget + 1)
 

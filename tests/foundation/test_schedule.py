@@ -3,6 +3,7 @@ the schedules refused at render time (one line, exit 2, nothing touched)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -149,3 +150,36 @@ def test_cli_refuses_bad_schedules_in_one_line_before_touching_anything(args, ne
     assert p.returncode == 2, p.stdout + p.stderr
     err = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(err) <= 2 and needle in err[0] and "Traceback" not in p.stderr
+
+
+def test_budget_has_every_limit_a_schedule_band_has_with_the_same_line():
+    # --budget N is the one-band schedule 1:N: one check (schedule.check_budget) refuses both
+    assert resolve_profile("ddtree", 64).budget == 64
+    with pytest.raises(ConfigError) as one:
+        resolve_profile("ddtree", 65)
+    with pytest.raises(ConfigError) as band:
+        resolve_profile("ddtree", budget_schedule="1:65,8:4")
+    assert one.value.problem == "--budget 65: budget 65 is above the fused tree kernel's 64"
+    assert band.value.problem.endswith(": budget 65 is above the fused tree kernel's 64")
+    assert one.value.fix == band.value.fix and "tree_torch_fallback" in one.value.fix
+    assert resolve_profile("ddtree", 100, overrides={"ddtree": {"tree_torch_fallback": True}}).budget == 100
+    with pytest.raises(ConfigError, match=r"opsctl.profiles.ddtree.budget 80: budget 80 is above"):
+        resolve_profile("ddtree", overrides={"ddtree": {"budget": 80}})
+
+
+def test_deploy_budget_above_the_kernel_is_refused_before_any_host_io(tmp_path):
+    inv = tmp_path / "inv"  # a host nothing answers for: any connection attempt would fail with exit 3
+    shutil.copytree(REPO / "inventories/blackwell", inv)
+    hosts = inv / "hosts.yml"
+    hosts.write_text(hosts.read_text().replace("blackwell.gpu.internal", "127.0.0.1").replace("ansible_port: 22",
+                                                                                             "ansible_port: 1"))
+    outs = {}
+    for args in (["--budget", "100"], ["--budget-schedule", "1:100,8:4"]):
+        p = subprocess.run([sys.executable, "-m", "opsctl", "deploy", "ddtree", *args, "-i", str(inv), "--yes"],
+                           capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert p.returncode == 2, p.stdout + p.stderr
+        err = [ln for ln in p.stderr.splitlines() if ln.strip()]
+        assert len(err) == 1 and "Traceback" not in p.stderr, p.stderr
+        assert "budget 100 is above the fused tree kernel's 64" in err[0]
+        outs[args[0]] = err[0].split(": budget 100 ", 1)[1]
+    assert outs["--budget"] == outs["--budget-schedule"]  # the same line after the flag that set it

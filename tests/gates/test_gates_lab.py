@@ -78,7 +78,7 @@ def test_site_ddtree_budget_32_is_judged_worse_and_rolled_back(clean_lab, ops):
     assert proc.returncode == 5, proc.stdout + proc.stderr
     line = error_line(proc.stderr)
     assert "gate failed" in line and "rolled back to " + before in line
-    assert "baseline tok/s" in proc.stdout and "release tok/s" in proc.stdout  # the verdict table
+    assert "base tok/s" in proc.stdout and "judged Δ" in proc.stdout  # the verdict table
     assert current(clean_lab) == before
     verdict = [r for r in ledger(clean_lab) if r["action"] == "verdict"][-1]
     assert verdict["status"] == "fail" and verdict["budget"] == 32

@@ -101,3 +101,27 @@ def test_too_few_samples_is_inconclusive_re_measured_once_and_never_promoted(sit
     assert any("too few samples" in r for r in v["reasons"])
     assert any("still inconclusive after one re-measure" in r for r in v["reasons"])
     assert current(site) == site.baseline
+
+
+def test_a_gated_level_the_baseline_lacks_is_named_in_the_verdict_and_the_policy_decides(site, tmp_path):
+    # the baseline was benched at 1, 4, 8 and 32; this inventory gates C=2 too (issue #31)
+    named = "C=2: no baseline at this level — not judged; fix: opsctl bench --save-baseline"
+    if current(site) != site.baseline:
+        assert opsctl("rollback", "--to", "baseline", inv=site.inv).returncode == 0
+    inv = with_gate(site.inv, tmp_path / "c2", concurrency="[1, 2, 8]")
+    p = opsctl("deploy", "ddtree", "--budget", "16", *YES, inv=inv)
+    assert p.returncode == 5, p.stdout[-3000:] + p.stderr[-3000:]
+    assert named in p.stdout + p.stderr
+    v = verdict(site)
+    assert v["status"] == "fail" and named in v["reasons"]
+    row = next(r for r in v["rows"] if r["concurrency"] == 2)
+    assert row["status"] == "fail" and row["judged_on"] == "not judged"
+    assert current(site) == site.baseline
+    # a policy that only notes such a level: judged on the others, the level still named
+    noted = with_gate(site.inv, tmp_path / "c2-note", concurrency="[1, 2, 8]\n    unbaselined_levels: note")
+    p = opsctl("deploy", "ddtree", "--budget", "16", *YES, inv=noted)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert named in p.stdout + p.stderr
+    v = verdict(site)
+    assert v["status"] == "pass" and named in v["notes"] and 2 not in [r["concurrency"] for r in v["rows"]]
+    assert opsctl("rollback", "--to", "baseline", inv=site.inv).returncode == 0

@@ -1,0 +1,39 @@
+"""`opsctl rollback --to RELEASE`: which targets are refused before the lock, on plain data."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from opsctl.config import load_inventory
+from opsctl.errors import ConfigError
+from opsctl.flow.promote import _rollback_target
+from opsctl.releases import HostState, ReleaseInfo
+
+HOST = load_inventory(Path(__file__).resolve().parents[2] / "inventories/blackwell").hosts["blackwell"]
+
+
+def host_state() -> HostState:
+    rels = {r: ReleaseInfo(r, {"profile": {"name": r.split("-")[0]}}) for r in ("ar-1", "dd-2", "dd-3")}
+    return HostState(current="dd-3", releases=rels, ledger=[
+        {"action": "promote", "result": "ok", "to_release": "ar-1"},
+        {"action": "verdict", "status": "fail", "result": "failed", "release": "dd-2", "to_release": "dd-2",
+         "reason": "C=8: -75.9 % (needs >= +5.0 %)", "ts": "2026-12-01T10:00:00Z"},
+        {"action": "rollback", "result": "ok", "from_release": "dd-2", "to_release": "ar-1", "automatic": True},
+        {"action": "verdict", "status": "pass", "result": "ok", "release": "dd-3", "to_release": "dd-3"},
+        {"action": "promote", "result": "ok", "to_release": "dd-3"}])
+
+
+def test_rollback_to_a_gate_failed_release_is_refused_naming_its_verdict():
+    with pytest.raises(ConfigError) as exc:
+        _rollback_target(HOST, host_state(), "dd-2")
+    e = exc.value
+    assert e.exit_code == 2
+    assert "dd-2" in e.problem and "failed its gate" in e.problem and "verdict fail" in e.problem
+    assert "-75.9 %" in e.problem and "--force" in e.fix and "\n" not in e.one_line()
+
+
+def test_forced_rollback_to_a_gate_failed_release_is_allowed_and_others_need_no_force():
+    assert _rollback_target(HOST, host_state(), "dd-2", force=True) == "dd-2"
+    assert _rollback_target(HOST, host_state(), "ar-1") == "ar-1"
+    assert _rollback_target(HOST, host_state(), None) == "ar-1"  # the last good: never the failed dd-2
