@@ -44,7 +44,8 @@ def _offline(from_file: Path, profile_name: Optional[str], budget: Optional[int]
              budget_schedule: Optional[str] = None) -> None:
     from opsctl import journal
     from opsctl.config import resolve_profile
-    from opsctl.validate import expectations_from_log, validate, validate_decode, validate_startup
+    from opsctl.validate import (expectations_from_log, validate, validate_decode, validate_excerpt,
+                                 validate_startup)
 
     if profile_name is None and (budget is not None or budget_schedule is not None):
         raise ConfigError(f"{'--budget' if budget is not None else '--budget-schedule'} applies to --profile ddtree",
@@ -61,14 +62,26 @@ def _offline(from_file: Path, profile_name: Optional[str], budget: Optional[int]
     parsed = journal.load_file(from_file)
     if not parsed.lines:
         raise ConfigError(f"{from_file} holds no log lines", "pass a saved journal or an SGLang log excerpt")
-    if not journal.looks_like_sglang(parsed):
-        raise ConfigError(f"{from_file} holds no SGLang server log lines (no server_args, capture, decode, ready "
-                          f"or error line): it is not a journal of the service",
-                          "save one with: journalctl -u UNIT --since '<release start>' > FILE (or -o json)")
+    seen = journal.recognise(parsed)
+    if not seen:
+        at = f"{from_file}:{seen.first_unusable.line_no}: " if seen.first_unusable is not None else ""
+        raise ConfigError(f"{at}{from_file} holds no SGLang server log lines (no SGLang log prefix, server_args line, "
+                          f"traceback through sglang/, SGLang exception or SGLang message)"
+                          + (f"; first unusable line: {seen.first_unusable.text.strip()[:120]!r}"
+                             if seen.first_unusable is not None else "") + ": it is not a journal of the service",
+                          "save one with: journalctl -u UNIT --since '<release start>' > FILE (or -o json), or "
+                          "paste the SGLang lines of the ticket (traceback included) into a file of their own")
     extra = None
     if profile is None:
         # no --profile: check the log against what its own server_args line says it was launched with
         profile = expectations_from_log(parsed, max_concurrency=max_concurrency)
+        if profile is None and parsed.failures and only != "decode":
+            # a pasted excerpt (a traceback from a ticket): what it shows, and unknown for the rest
+            _output.info(f"read as an SGLang log excerpt ({seen.how}); it has no server_args line, so what needs "
+                         "the launch args is unknown")
+            _finish(validate_excerpt(parsed), f"{from_file.name}: excerpt", json_out,
+                    {"excerpt": True, "recognised_by": seen.how})
+            return
         if profile is None:
             raise ConfigError(f"{from_file} has no server_args line (SGLang prints it at start), so the log "
                               "does not say what to expect",
@@ -98,8 +111,9 @@ def register(app: typer.Typer) -> None:
     @app.command("validate")
     def validate_cmd(
         from_file: Optional[Path] = typer.Option(None, "--from-file", "-f", help="Saved journal or SGLang log "
-                                                 "excerpt: journalctl text, 'journalctl -o json' export, or raw "
-                                                 "SGLang output. Without it, validates the live release."),
+                                                 "excerpt: journalctl text, 'journalctl -o json' export, raw "
+                                                 "SGLang output, or a traceback pasted from a ticket. Without it, "
+                                                 "validates the live release."),
         profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Profile the log was served with "
                                               "(offline mode): ar-tp8, ar-ep8, dflash, ddtree. Without it, the "
                                               "expectations come from the log's server_args line."),
