@@ -15,7 +15,10 @@ rather than breaking the match. The `server_args=` line is read into a dict (0.5
 `server_args={...}`, the resolved values; older releases `server_args=ServerArgs(...)`).
 Failures remember whether the server had printed its ready line (`READY_LINE`) before them,
 and a traceback whose header is outside the window (frames and/or the exception line only)
-is still a failure. See docs/examples/ and tests/validate/data/ for real lines.
+is still a failure. `recognise` says whether a file is an SGLang log at all (prefixes,
+server_args, a traceback through sglang/, an exception SGLang raises, its own messages) and
+which line it could not use. See docs/examples/ and tests/validate/data/ (pasted/: excerpts
+from public SGLang issues) for real lines.
 """
 from __future__ import annotations
 
@@ -307,6 +310,15 @@ _SGLANG_PREFIX = re.compile(
 _RANK_TOKEN = re.compile(r"([A-Z][A-Z_]*?)(\d+)$")
 
 
+# Ray's `(SGLangEngine pid=952, ip=10.1.2.3) ` in front of every line an actor prints, traceback frames included
+_RAY_PREFIX = re.compile(r"^\(\w+ pid=\d+(?:,\s*ip=[\d.]+)?\) ?")
+
+
+def _strip_ray_prefix(msg: str) -> str:
+    m = _RAY_PREFIX.match(msg)
+    return msg[m.end():] if m else msg
+
+
 def _sglang_prefix(msg: str) -> tuple[str, datetime | None, str, int | None]:
     m = _SGLANG_PREFIX.match(msg)
     if not m:
@@ -354,6 +366,8 @@ def lines_from_text(text: str) -> list[LogLine]:
             else:
                 syslog_parts = (_MONTHS.get(m["mon"], 1), int(m["day"]), m["hms"])
         msg, sts, rank, tp = _sglang_prefix(msg)
+        if sts is None:
+            msg = _strip_ray_prefix(msg)
         if sts is not None:
             year = sts.year
         if syslog_parts is not None:  # the short format has no year: borrow SGLang's, else this year
@@ -833,13 +847,92 @@ def first_cause(text_lines: list[str]) -> tuple[str, str] | None:
     return None
 
 
+# The final exception of a traceback that SGLang raises (or surfaces) at start-up or while serving:
+# capture failures, CUDA errors, OOM, NCCL errors, size mismatches in (piecewise) graph replay
+SGLANG_EXCEPTION = re.compile(
+    r"Capture (?:cuda|CUDA) graph failed|Piecewise CUDA Graph failed|CUDA error|CUDA out of memory|"
+    r"OutOfMemoryError|cudaError\w*|NCCL error|nccl\w*Error|illegal memory access|"
+    r"must match the size of tensor|[Ss]ize mismatch|Not enough memory\. Please try to increase|"
+    r"(?:Prefill|Decode) out of memory")
+# SGLang's own log messages, as they read without the `[time rank]` prefix (a paste that lost it)
+_SGLANG_MESSAGE = re.compile(
+    r"^(?:Capture (?:[\w ]*?)(?:cuda|CUDA|CPU|NPU) graph (?:begin|end|bs|failed)|Capturing batches \(bs=|"
+    r"Decode batch|Prefill batch|Load weight (?:begin|end)|Memory pool end|KV Cache is allocated|"
+    r"Init torch distributed (?:begin|ends)|Registering \d+ cuda graph addresses|server_args=|"
+    r"Received sigquit from a child process|Scheduler hit an exception|sglang is using nccl==|"
+    r"Piecewise CUDA Graph failed|" + re.escape(READY_LINE) + r")")
+_TB_LINE = re.compile(r"^(?:Traceback \(most recent call last\)|During handling of the above exception|"
+                      r"The above exception was the direct cause|Current thread 0x[0-9a-f]+ \(most recent call first\))")
+# an excerpt whose lines are mostly something else (a README quoting a log line) is not a log
+EXCERPT_MIN_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class Recognition:
+    """Why a file counts as an SGLang log (`how` is None when it does not), and where the first
+    line is that none of the rules could use (reported when the file is refused)."""
+
+    how: str | None
+    first_unusable: LogLine | None = None
+
+    def __bool__(self) -> bool:
+        return self.how is not None
+
+
+def _is_sglang_frame(text: str) -> bool:
+    m = _TB_FRAME.match(text)
+    return bool(m) and ("/sglang/" in m.group(0) or '"sglang/' in m.group(0))
+
+
+def recognise(parsed: ParsedJournal) -> Recognition:
+    """Is a parsed file an SGLang log, and by which rule: its prefixes (a timestamp, a rank, a
+    journald pid), its server_args line, a traceback with frames in `sglang/`, a final exception
+    SGLang raises (capture failure, CUDA error, OOM, NCCL error, size mismatch), or SGLang's own
+    messages without their prefix. The last three must make up EXCERPT_MIN_SHARE of the file's
+    lines, so a README that quotes a log line is still refused."""
+    lines = parsed.lines[:20000]
+    if any(ln.timestamp is not None or ln.rank or ln.pid is not None for ln in lines):
+        return Recognition("SGLang log prefixes")
+    if any(ln.text.startswith(("server_args=ServerArgs(", "server_args={")) for ln in lines):
+        return Recognition("its server_args line")
+    frames = exceptions = messages = 0
+    used: set[int] = set()
+    in_tb = False
+    for i, ln in enumerate(lines):
+        text = ln.text
+        stripped = text.strip()
+        if _TB_FRAME.match(text) or _TB_LINE.match(stripped):
+            in_tb = True
+            used.add(i)
+            frames += _is_sglang_frame(text)
+        elif in_tb and text.startswith((" ", "\t")):
+            used.add(i)  # a frame's source line, `^^^^` markers
+        elif _TB_EXCEPTION.match(stripped) or stripped.startswith("Exception: "):
+            in_tb = False
+            used.add(i)
+            exceptions += bool(SGLANG_EXCEPTION.search(stripped))
+        elif _SGLANG_MESSAGE.match(stripped) or parse_capture(ln) is not None:
+            in_tb = False
+            used.add(i)
+            messages += 1
+        else:
+            in_tb = False
+    share = len(used) / max(1, len(lines))
+    first = next((ln for i, ln in enumerate(lines) if i not in used), None)
+    if share >= EXCERPT_MIN_SHARE:
+        if frames:
+            return Recognition("a traceback with frames in sglang/", first)
+        if messages >= 2:
+            return Recognition("SGLang's own log messages", first)
+        if exceptions:
+            return Recognition("an exception SGLang raises", first)
+    return Recognition(None, first)
+
+
 def looks_like_sglang(parsed: ParsedJournal) -> bool:
-    """Does a parsed file hold a server log? Lines that SGLang prints carry its prefix (a
-    timestamp, a rank, a journald pid) or are its server_args line; a README that quotes
-    the ready line does not."""
-    return any(ln.timestamp is not None or ln.rank or ln.pid is not None
-               or ln.text.startswith(("server_args=ServerArgs(", "server_args={"))
-               for ln in parsed.lines[:20000])
+    """Does a parsed file hold a server log (see `recognise`)? A README that quotes the ready
+    line does not."""
+    return bool(recognise(parsed))
 
 
 def load_file(path: str | Path) -> ParsedJournal:
@@ -850,7 +943,8 @@ def load_file(path: str | Path) -> ParsedJournal:
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}", "check the path of --from-file") from None
     if b"\0" in raw[:65536]:
-        raise ConfigError(f"{path} is not a text file (it holds NUL bytes)",
+        line = raw[:raw.index(b"\0")].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: {path} is not a text file (it holds NUL bytes)",
                           "pass a saved journal: journalctl -u UNIT > FILE (text) or -o json")
     text = raw.decode("utf-8", "replace")
     if looks_like_json_export(text):

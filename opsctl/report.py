@@ -30,6 +30,48 @@ class LevelDelta(BaseModel):
     b_accept: float | None
     a_errors: int = 0
     b_errors: int = 0
+    a_lacks: list[str] = []     # fields A's (imported) result lacks: shown as missing, never 0
+    b_lacks: list[str] = []
+
+    @property
+    def label(self) -> str:
+        return "?" if self.concurrency == 0 else str(self.concurrency)
+
+
+# LevelDelta column -> (side, BenchLevel field); a delta lacks what either side lacks
+_DELTA_FIELDS = {"a_tok_s": ("a", "output_throughput"), "b_tok_s": ("b", "output_throughput"),
+                 "a_itl_p50_ms": ("a", "median_itl_ms"), "b_itl_p50_ms": ("b", "median_itl_ms"),
+                 "a_ttft_p50_ms": ("a", "median_ttft_ms"), "b_ttft_p50_ms": ("b", "median_ttft_ms"),
+                 "tok_s_delta_pct": ("ab", "output_throughput"), "itl_delta_pct": ("ab", "median_itl_ms"),
+                 "a_errors": ("a", "errors"), "b_errors": ("b", "errors")}
+
+
+def delta_cell(d: LevelDelta, column: str, fmt: str) -> str:
+    """A compare cell: 'missing' when a side's result lacks the field, '-' when the level is absent."""
+    sides, name = _DELTA_FIELDS.get(column, ("", ""))
+    if any(name in getattr(d, f"{side}_lacks") for side in sides):
+        return "missing"
+    v = getattr(d, column)
+    return "-" if v is None else fmt % v
+
+
+def level_label(lv) -> str:
+    """The concurrency column: '?' for an imported result that shows no concurrency."""
+    return "?" if lv.level == 0 else str(lv.level)
+
+
+def lacking_for_verdict(run: BenchRun, base: BenchRun | None) -> str | None:
+    """What the gate needs and an imported result lacks ('A C=8 lacks median_itl_ms'), or None."""
+    for name, r in (("the run", run), ("the baseline", base)):
+        if r is None:
+            continue
+        for lv in r.levels:
+            need = [f for f in ("output_throughput", "median_itl_ms") if f in lv.missing]
+            if lv.level == 0:
+                need.append("concurrency")
+            if need:
+                return f"{name} at C={level_label(lv)} (line {lv.source_line}) lacks {', '.join(need)}"
+    return None
 
 
 def _pct(new: float | None, old: float | None) -> float | None:
@@ -46,15 +88,19 @@ def compare(a: BenchRun, b: BenchRun) -> list[LevelDelta]:
     out = []
     for c in sorted(set(am) | set(bm)):
         x, y = am.get(c), bm.get(c)
+
+        def v(lv, name):
+            return lv.value(name) if lv is not None else None
         out.append(LevelDelta(
             concurrency=c,
-            a_tok_s=x and x.output_throughput, b_tok_s=y and y.output_throughput,
-            tok_s_delta_pct=_pct(y and y.output_throughput, x and x.output_throughput),
-            a_itl_p50_ms=x and x.median_itl_ms, b_itl_p50_ms=y and y.median_itl_ms,
-            itl_delta_pct=_pct(y and y.median_itl_ms, x and x.median_itl_ms),
-            a_ttft_p50_ms=x and x.median_ttft_ms, b_ttft_p50_ms=y and y.median_ttft_ms,
+            a_tok_s=v(x, "output_throughput"), b_tok_s=v(y, "output_throughput"),
+            tok_s_delta_pct=_pct(v(y, "output_throughput"), v(x, "output_throughput")),
+            a_itl_p50_ms=v(x, "median_itl_ms"), b_itl_p50_ms=v(y, "median_itl_ms"),
+            itl_delta_pct=_pct(v(y, "median_itl_ms"), v(x, "median_itl_ms")),
+            a_ttft_p50_ms=v(x, "median_ttft_ms"), b_ttft_p50_ms=v(y, "median_ttft_ms"),
             a_accept=x.accept if x else None, b_accept=y.accept if y else None,
-            a_errors=x.errors if x else 0, b_errors=y.errors if y else 0))
+            a_errors=x.errors if x else 0, b_errors=y.errors if y else 0,
+            a_lacks=list(x.missing) if x else [], b_lacks=list(y.missing) if y else []))
     return out
 
 
@@ -84,11 +130,12 @@ def plot_png(run: BenchRun, path: str | Path, baseline: BenchRun | None = None, 
     levels: set[int] = set()
     any_accept = False
     for r, label, color, style in series:
-        xs = [lv.level for lv in r.levels]
-        levels.update(xs)
-        ax_tok.plot(xs, [lv.output_throughput for lv in r.levels], style, color=color, label=label)
-        ax_itl.plot(xs, [lv.median_itl_ms for lv in r.levels], style, color=color, label=label)
-        acc = [(lv.level, lv.accept) for lv in r.levels if lv.accept is not None]
+        known = [lv for lv in r.levels if lv.level > 0]
+        levels.update(lv.level for lv in known)
+        for ax, name in ((ax_tok, "output_throughput"), (ax_itl, "median_itl_ms")):
+            pts = [(lv.level, lv.value(name)) for lv in known if lv.value(name) is not None]  # lacking: no point
+            ax.plot([a for a, _ in pts], [b for _, b in pts], style, color=color, label=label)
+        acc = [(lv.level, lv.accept) for lv in known if lv.accept is not None]
         if acc:
             any_accept = True
             ax_acc.plot([a for a, _ in acc], [b for _, b in acc], style, color=color, label=label)
@@ -191,14 +238,19 @@ def _table_rows(run: BenchRun, baseline: BenchRun | None, verdict: Verdict | Non
     if baseline is not None:
         head = ["C", "baseline tok/s", "release tok/s", "delta", "baseline ITL p50", "release ITL p50",
                 "accept len", "errors"]
-        rows = [[str(d.concurrency), _fmt(d.a_tok_s, "%.1f"), _fmt(d.b_tok_s, "%.1f"),
-                 _fmt(d.tok_s_delta_pct, "%+.1f%%"), _fmt(d.a_itl_p50_ms, "%.2f ms"), _fmt(d.b_itl_p50_ms, "%.2f ms"),
-                 _fmt(d.b_accept, "%.2f"), str(d.b_errors)] for d in compare(baseline, run)]
+        rows = [[d.label, delta_cell(d, "a_tok_s", "%.1f"), delta_cell(d, "b_tok_s", "%.1f"),
+                 delta_cell(d, "tok_s_delta_pct", "%+.1f%%"), delta_cell(d, "a_itl_p50_ms", "%.2f ms"),
+                 delta_cell(d, "b_itl_p50_ms", "%.2f ms"), _fmt(d.b_accept, "%.2f"), delta_cell(d, "b_errors", "%d")]
+                for d in compare(baseline, run)]
         return head, rows
     head = ["C", "tok/s", "req/s", "TTFT p50", "ITL p50", "E2E p50", "accept len", "errors", "repeats"]
-    rows = [[str(lv.level), "%.1f" % lv.output_throughput, "%.2f" % lv.request_throughput,
-             "%.1f ms" % lv.median_ttft_ms, "%.2f ms" % lv.median_itl_ms, "%.1f ms" % lv.median_e2e_latency_ms,
-             _fmt(lv.accept, "%.2f"), str(lv.errors), str(lv.repeats_merged)] for lv in run.median().levels]
+    def cell(lv, name: str, fmt: str) -> str:
+        v = lv.value(name)
+        return "missing" if v is None else fmt % v
+    rows = [[level_label(lv), cell(lv, "output_throughput", "%.1f"), cell(lv, "request_throughput", "%.2f"),
+             cell(lv, "median_ttft_ms", "%.1f ms"), cell(lv, "median_itl_ms", "%.2f ms"),
+             cell(lv, "median_e2e_latency_ms", "%.1f ms"), _fmt(lv.accept, "%.2f"),
+             cell(lv, "errors", "%d"), str(lv.repeats_merged)] for lv in run.median().levels]
     return head, rows
 
 

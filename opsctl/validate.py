@@ -946,6 +946,129 @@ def _check_draft_tokens(lines: list[DecodeLine], parsed: ParsedJournal, profile:
                              f"({_width_need(profile)}); {FORMULA_NOTE}", details=details)
 
 
+# --------------------------------------------------------------------------- an excerpt (no server_args line)
+
+_CAPTURE_FRAME = re.compile(r"\bin (?:capture\w*|init_cuda_graphs?|init_all_cuda_graphs|capture_cuda_graphs)\b|"
+                            r"cuda_graph_runner\.py\", line \d+, in __init__")
+_REPLAY_MESSAGE = re.compile(r"Piecewise CUDA Graph failed|[Ss]ize mismatch|must match the size of tensor")
+_REPLAY_TEXT = re.compile(r"\bin (?:replay\w*|can_run)\b|cuda_graph_runner\.repl|Piecewise CUDA Graph failed|"
+                          r"[Ss]ize mismatch|must match the size of tensor")
+
+
+def _cause_fix(text: str, default: str) -> str:
+    """The fix an operator can act on, from the exception line (the most specific cause first)."""
+    low = text.lower()
+    if "custom_all_reduce" in low or "custom all-reduce" in low or "custom allreduce" in low:
+        return ("custom all-reduce failed during capture: relaunch with --disable-custom-all-reduce (and check the "
+                "GPUs' NVLink/P2P topology: nvidia-smi topo -m)")
+    if "out of memory" in low or "outofmemory" in low:
+        return ("lower --mem-fraction-static (e.g. 0.8) or --cuda-graph-max-bs-decode (graph memory grows with the "
+                "largest captured batch) and redeploy")
+    if "illegal memory access" in low:
+        return ("a kernel read out of bounds: rerun with CUDA_LAUNCH_BLOCKING=1 to find it; meanwhile try another "
+                "--attention-backend, drop --enable-torch-compile, or --disable-cuda-graph")
+    if "nccl" in low or "gloo" in low:
+        return ("the ranks could not talk: run with NCCL_DEBUG=INFO, check the network/IB interfaces "
+                "(NCCL_SOCKET_IFNAME) and that every rank is up; --disable-custom-all-reduce rules out the custom path")
+    return default
+
+
+def _quoted(f: Failure, parsed: ParsedJournal) -> str:
+    """The exception line, quoted, with its own line number (a traceback's failure starts at its header)."""
+    at = next((ln.line_no for ln in parsed.lines if ln.line_no >= f.line.line_no and ln.text.strip() == f.summary),
+              f.line.line_no)
+    return f"'{f.summary[:400]}' (line {at})"
+
+
+def validate_excerpt(parsed: ParsedJournal) -> list[Finding]:
+    """Findings from a pasted excerpt with no server_args line (a traceback from a ticket): what
+    it shows (capture failed, OOM, a graph-replay error, other errors, each with the exception
+    line quoted and the fix) and `unknown` for what it cannot say (expected graphs, widths, batch
+    coverage, restarts, decode)."""
+    frames = [ln.text for ln in parsed.lines if ln.text.lstrip().startswith("File ")]
+    in_capture = any(_CAPTURE_FRAME.search(t) for t in frames)
+    replay_at = next((ln for ln in parsed.lines if _REPLAY_TEXT.search(ln.text)), None)
+    failures = list(parsed.failures)
+    closed = [f for f in failures if "Traceback (most recent" not in f.summary]
+    reported: set[str] = set()
+    findings: list[Finding] = []
+
+    def fail(check: str, what: str, found: list[Failure], fix: str) -> None:
+        first = found[0]
+        reported.update(f.summary for f in found)
+        findings.append(Finding(check=check, ok=False,
+                                diagnosis=f"{what}: {_quoted(first, parsed)}" + (f" ({len(found)} such lines)" if len(found) > 1 else ""),
+                                fix=_cause_fix(first.summary, fix),
+                                details={"failures": [f.as_dict() for f in found[:10]], "excerpt": True}))
+
+    capture = [f for f in failures if f.kind == "capture_failed"]
+    if not capture and in_capture and not replay_at:
+        capture = [f for f in closed if f.kind == "traceback"]
+    if capture:
+        fail("startup.capture_failed", "CUDA-graph capture failed", capture,
+             "read the exception: lower --mem-fraction-static or --cuda-graph-max-bs-decode for memory, "
+             "--disable-cuda-graph to start without graphs while the cause is fixed")
+    else:
+        findings.append(Finding(check="startup.capture_failed", ok=True, diagnosis="no capture failure in the excerpt",
+                                details={"excerpt": True}))
+    oom = [f for f in failures if f.kind == "cuda_oom"]
+    if oom:
+        fail("startup.cuda_oom", "CUDA out of memory", oom,
+             "lower --mem-fraction-static or --cuda-graph-max-bs-decode, or the DDTree budget")
+    else:
+        findings.append(Finding(check="startup.cuda_oom", ok=True, diagnosis="no CUDA out-of-memory error in the excerpt",
+                                details={"excerpt": True}))
+    replay_msg = replay_at is not None and bool(_REPLAY_MESSAGE.search(replay_at.text))
+    if replay_at is not None:
+        exc = [f for f in closed if f.summary not in reported and f.kind == "traceback"
+               and f.line.line_no >= replay_at.line_no]
+        if not exc and replay_msg:
+            # the replay error is a message of its own (`Piecewise CUDA Graph failed with error: ...`)
+            cause = next((ln for ln in parsed.lines if ln.line_no > replay_at.line_no
+                          and re.search(r"Root cause|[Ss]ize mismatch", ln.text)), None)
+            text = replay_at.text.strip() + (f" {cause.text.strip()}" if cause is not None else "")
+            exc = [Failure("traceback", replay_at, text)]
+        fix = ("the served batch does not fit the captured graph: validate a full journal of the release "
+               "(capture.verify_width, capture.batch_coverage); meanwhile --disable-piecewise-cuda-graph (piecewise "
+               "graphs) or --disable-cuda-graph keeps it serving")
+        if exc:
+            fail("serving.replay_error", "CUDA-graph replay failed", exc, fix)
+        else:
+            findings.append(Finding(check="serving.replay_error", ok=False,
+                                    diagnosis=f"CUDA-graph replay failed at line {replay_at.line_no} "
+                                              f"('{replay_at.text.strip()[:200]}'); the excerpt stops before the "
+                                              "exception line", fix=fix, details={"excerpt": True}))
+    others = [f for f in failures if f.kind in ("traceback", "fatal", "kv_alloc_failed") and f.summary not in reported]
+    if replay_msg:
+        others = [f for f in others if f.line.line_no < replay_at.line_no]  # the scheduler dying of that replay error
+    elif replay_at is not None:  # the traceback that runs through the replay frame is the replay error
+        holder = [f for f in others if f.kind == "traceback" and f.line.line_no < replay_at.line_no][-1:]
+        others = [f for f in others if f not in holder]
+    if others:
+        named = [f for f in others if "Traceback (most recent" not in f.summary]
+        first = (named or others)[0]
+        what = "error(s)" if named else "a traceback whose exception line is not in the excerpt"
+        findings.append(Finding(check="startup.errors", ok=False,
+                                diagnosis=f"{what}: {_quoted(first, parsed)}" + (f" ({len(others)} in all)" if len(others) > 1 else ""),
+                                fix=_cause_fix(" ".join(f.summary for f in others),
+                                               "read the whole traceback in the journal (journalctl -u UNIT) and fix its cause"),
+                                details={"failures": [f.as_dict() for f in others[:10]], "excerpt": True}))
+    else:
+        findings.append(Finding(check="startup.errors", ok=True, diagnosis="no other traceback or fatal error in the excerpt",
+                                details={"excerpt": True}))
+    why = "the excerpt has no server_args line, so what the server was launched with is not known"
+    captures = parsed.captures_of()
+    findings.append(_check_complete(captures) if captures else
+                    _unknown("capture.complete", "unknown: the excerpt has no capture lines", {"excerpt": True}))
+    for check, what in (("capture.expected_graphs", "which graphs were expected"),
+                        ("capture.verify_width", "the verify graph's width"),
+                        ("capture.batch_coverage", "the batch sizes the graphs must cover"),
+                        ("startup.restarts", "whether the server restarted (an excerpt is not the whole journal)"),
+                        ("decode.draft_tokens_per_round", "the draft tokens per round")):
+        findings.append(_unknown(check, f"unknown: {what}: {why}", {"excerpt": True}))
+    return findings
+
+
 # --------------------------------------------------------------------------- both
 
 

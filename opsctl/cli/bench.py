@@ -80,11 +80,20 @@ class _LevelProgress:
                 f"  ITL p50 {r['median_itl_ms']:.2f} ms" + (f"  errors {r['errors']}" if r["errors"] else "")))
 
 
+def _cell(lv: Any, name: str, fmt: str) -> str:
+    """A level's field for a table: 'missing' when the (imported) result lacks it, never 0."""
+    v = lv.value(name)
+    return "missing" if v is None else fmt % v
+
+
 def _print_run(run: Any, title: str) -> None:
+    from opsctl.report import level_label
+
     med = run.median()
-    rows = [[lv.level, f"{lv.output_throughput:.1f}", f"{lv.request_throughput:.2f}", f"{lv.median_ttft_ms:.1f}",
-             f"{lv.median_itl_ms:.2f}", f"{lv.p99_itl_ms:.2f}", f"{lv.median_e2e_latency_ms:.0f}",
-             "-" if lv.accept is None else f"{lv.accept:.2f}", lv.errors] for lv in med.levels]
+    rows = [[level_label(lv), _cell(lv, "output_throughput", "%.1f"), _cell(lv, "request_throughput", "%.2f"),
+             _cell(lv, "median_ttft_ms", "%.1f"), _cell(lv, "median_itl_ms", "%.2f"), _cell(lv, "p99_itl_ms", "%.2f"),
+             _cell(lv, "median_e2e_latency_ms", "%.0f"), "-" if lv.accept is None else f"{lv.accept:.2f}",
+             _cell(lv, "errors", "%d")] for lv in med.levels]
     _output.table(title + f" (median of {run.repeats} repeat(s); ms)",
                   ["C", "tok/s", "req/s", "TTFT p50", "ITL p50", "ITL p99", "E2E p50", "accept", "errors"], rows)
     c = run.canary
@@ -282,32 +291,47 @@ def register(app: typer.Typer) -> None:
             _output.emit_json([d.model_dump() for d in deltas])
             return
 
-        def f(v: Optional[float], fmt: str) -> str:
-            return "-" if v is None else fmt % v
+        from opsctl.report import delta_cell as f
 
         _output.table(f"{b.name} against {a.name} (medians)",
                       ["C", "A tok/s", "B tok/s", "delta", "A ITL p50", "B ITL p50", "ITL delta", "B accept", "B err"],
-                      [[d.concurrency, f(d.a_tok_s, "%.1f"), f(d.b_tok_s, "%.1f"), f(d.tok_s_delta_pct, "%+.1f%%"),
-                        f(d.a_itl_p50_ms, "%.2f"), f(d.b_itl_p50_ms, "%.2f"), f(d.itl_delta_pct, "%+.1f%%"),
-                        f(d.b_accept, "%.2f"), d.b_errors] for d in deltas])
+                      [[d.label, f(d, "a_tok_s", "%.1f"), f(d, "b_tok_s", "%.1f"), f(d, "tok_s_delta_pct", "%+.1f%%"),
+                        f(d, "a_itl_p50_ms", "%.2f"), f(d, "b_itl_p50_ms", "%.2f"), f(d, "itl_delta_pct", "%+.1f%%"),
+                        f(d, "b_accept", "%.2f"), f(d, "b_errors", "%d")] for d in deltas])
 
     @bench_app.command("import")
     def import_cmd(
-        file: Path = typer.Argument(..., help="A sglang.bench_serving --output-file result file."),
+        file: Path = typer.Argument(..., help="bench_serving results: its --output-file JSONL (any version), its "
+                                    "printed 'Serving Benchmark Result' summary (pasted, several, or cut short), or "
+                                    "the first JSON result format."),
         out: Path = typer.Option(Path("."), "--out", help="Directory for the converted .jsonl."),
         json_out: bool = _common.JsonOpt,
     ) -> None:
-        """Convert a bench_serving result file into opsctl's bench JSONL."""
-        from opsctl.bench.results import import_bench_serving, write_jsonl
+        """Convert bench_serving results into opsctl's bench JSONL; each result says its format and the fields
+        it lacks (shown as missing by bench compare and report, never as 0).
+
+        Example:
+
+          opsctl bench import pasted-summary.txt --out results/
+        """
+        from opsctl.bench.results import FORMAT_TEXT, import_results, write_jsonl
+        from opsctl.report import level_label
 
         _output.set_json(json_out)
-        run = import_bench_serving(file)
+        run = import_results(file)
         path = write_jsonl(run, out / f"{file.stem}.opsctl.jsonl")
+        results = [{"line": lv.source_line, "format": lv.source_format, "concurrency": lv.level or None,
+                    "lacks": lv.missing, "derived": lv.derived} for lv in run.levels]
         if json_out:
             _output.emit_json({"ok": True, "path": str(path), "levels": len(run.levels),
-                               "concurrency": run.concurrencies()})
+                               "concurrency": run.concurrencies(), "results": results})
             return
         _print_run(run, f"imported {file.name}")
+        for lv in run.levels:
+            lacks = (f"lacks {len(lv.missing)} field(s): {', '.join(lv.missing)}" if lv.missing else "lacks nothing")
+            derived = f"; derived: {', '.join(lv.derived)} (mean E2E x completed / duration)" if lv.derived else ""
+            _output.info(f"{file}:{lv.source_line}: {FORMAT_TEXT.get(lv.source_format or '', lv.source_format)}, "
+                         f"C={level_label(lv)}; {lacks}{derived}")
         _output.info(f"wrote {path}")
 
     app.add_typer(bench_app, name="bench")
@@ -350,7 +374,11 @@ def register(app: typer.Typer) -> None:
             base = read_jsonl(baseline) if baseline is not None else host_base
         name = report_name(name, run_file)
         verdict = None
-        if base is not None:
+        from opsctl.report import lacking_for_verdict
+        lacking = lacking_for_verdict(run, base) if base is not None else None
+        if lacking:
+            _output.info(f"no verdict: {lacking} (an imported result that lacks them is not judged)")
+        if base is not None and not lacking:
             pk = kind or str(run.meta.get("profile_kind") or run.meta.get("kind") or "unknown")
             compared = bool(run.canary is not None and run.canary.compared)
             mismatch = run.canary.mismatch if compared else None

@@ -63,7 +63,8 @@ def _offline(from_file: Path, profile_name: Optional[str], budget: Optional[int]
              budget_schedule: Optional[str] = None, start: str = "last") -> None:
     from opsctl import journal
     from opsctl.config import resolve_profile
-    from opsctl.validate import expectations_from_log, validate, validate_decode, validate_startup
+    from opsctl.validate import (expectations_from_log, validate, validate_decode, validate_excerpt,
+                                 validate_startup)
 
     if profile_name is None and (budget is not None or budget_schedule is not None):
         raise ConfigError(f"{'--budget' if budget is not None else '--budget-schedule'} applies to --profile ddtree",
@@ -80,10 +81,15 @@ def _offline(from_file: Path, profile_name: Optional[str], budget: Optional[int]
     whole = journal.load_file(from_file)
     if not whole.lines:
         raise ConfigError(f"{from_file} holds no log lines", "pass a saved journal or an SGLang log excerpt")
-    if not journal.looks_like_sglang(whole):
-        raise ConfigError(f"{from_file} holds no SGLang server log lines (no server_args, capture, decode, ready "
-                          f"or error line): it is not a journal of the service",
-                          "save one with: journalctl -u UNIT --since '<release start>' > FILE (or -o json)")
+    seen = journal.recognise(whole)
+    if not seen:
+        at = f"{from_file}:{seen.first_unusable.line_no}: " if seen.first_unusable is not None else ""
+        raise ConfigError(f"{at}{from_file} holds no SGLang server log lines (no SGLang log prefix, server_args line, "
+                          f"traceback through sglang/, SGLang exception or SGLang message)"
+                          + (f"; first unusable line: {seen.first_unusable.text.strip()[:120]!r}"
+                             if seen.first_unusable is not None else "") + ": it is not a journal of the service",
+                          "save one with: journalctl -u UNIT --since '<release start>' > FILE (or -o json), or "
+                          "paste the SGLang lines of the ticket (traceback included) into a file of their own")
     picked = _pick_starts(whole, start, from_file)
     total = len(journal.starts(whole)) if start != "all" else len(picked)
     findings: list[Finding] = []
@@ -94,6 +100,17 @@ def _offline(from_file: Path, profile_name: Optional[str], budget: Optional[int]
         if expect is None:
             # no --profile: check the log against what its own server_args line says it was launched with
             expect = expectations_from_log(parsed, max_concurrency=max_concurrency)
+            if expect is None and parsed.failures and only != "decode":
+                # a pasted excerpt (a traceback from a ticket): what it shows, and unknown for the rest
+                _output.info(f"read as an SGLang log excerpt ({seen.how}); it has no server_args line, so what "
+                             "needs the launch args is unknown")
+                found = validate_excerpt(parsed)
+                if len(picked) > 1:
+                    found = [f.model_copy(update={"check": f"start{n}.{f.check}"}) for f in found]
+                findings += found
+                labels.append("excerpt")
+                extra = {**(extra or {}), "excerpt": True, "recognised_by": seen.how}
+                continue
             if expect is None:
                 raise ConfigError(f"{from_file} has no server_args line (SGLang prints it at start)"
                                   + (f" in start {n} of {total}" if total > 1 else "")
@@ -131,8 +148,9 @@ def register(app: typer.Typer) -> None:
     @app.command("validate")
     def validate_cmd(
         from_file: Optional[Path] = typer.Option(None, "--from-file", "-f", help="Saved journal or SGLang log "
-                                                 "excerpt: journalctl text, 'journalctl -o json' export, or raw "
-                                                 "SGLang output. Without it, validates the live release."),
+                                                 "excerpt: journalctl text, 'journalctl -o json' export, raw "
+                                                 "SGLang output, or a traceback pasted from a ticket. Without it, "
+                                                 "validates the live release."),
         profile: Optional[str] = typer.Option(None, "--profile", "-p", help="Profile the log was served with "
                                               "(offline mode): ar-tp8, ar-ep8, dflash, ddtree. Without it, the "
                                               "expectations come from the log's server_args line."),
