@@ -140,8 +140,11 @@ def plot_png(run: BenchRun, path: str | Path, baseline: BenchRun | None = None, 
             any_accept = True
             ax_acc.plot([a for a, _ in acc], [b for _, b in acc], style, color=color, label=label)
             for x, y in acc:
-                ax_acc.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(0, 5), fontsize=7,
-                                ha="center", color=color)
+                # on an opaque box above every line: the per-workload lines pass through these points
+                ax_acc.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(0, 7), fontsize=7,
+                                ha="center", va="bottom", color=color, zorder=5,
+                                bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none",
+                                      "alpha": 0.9})
     for name, pts in per_workload_accept(run).items():
         any_accept = True
         ax_acc.plot([c for c, _ in pts], [a for _, a in pts], ":", marker=".", label=f"{name} (release)")
@@ -213,8 +216,23 @@ def workload_rows(run: BenchRun, baseline: BenchRun | None, verdict: Verdict | N
             iv = cf.speedup_interval(rc, cf.rates(bs, name)) if bs else None
             rows.append([str(c), name, str(len(rc)), _fmt(sum(rc) / len(rc) if rc else None, "%.1f"),
                          iv.pct() if iv else "-", _fmt(cf.accept_length(cs, name), "%.2f"),
-                         _fmt(cf.accept_length(bs, name), "%.2f") if bs else "-", str(w.get("status", "-"))])
+                         _baseline_accept(baseline, bs, name), str(w.get("status", "-"))])
     return rows
+
+
+def _baseline_accept(baseline: BenchRun | None, samples: list, workload: str) -> str:
+    """The baseline's accept length for a workload's row: an autoregressive baseline reports none
+    (no drafts to accept) but emits one token per forward step, and says so instead of "-"."""
+    from opsctl import confidence as cf
+
+    if baseline is None or not samples:
+        return "no baseline"
+    acc = cf.accept_length(samples, workload)
+    if acc is not None:
+        return f"{acc:.2f}"
+    if baseline.meta.get("kind") == "autoregressive" and any(s.ok and s.workload == workload for s in samples):
+        return "1 (AR)"
+    return "not reported"
 
 
 WORKLOAD_HEAD = ["C", "workload", "requests", "request tok/s", "speedup (CI)", "accept len", "baseline accept",

@@ -61,3 +61,20 @@ def test_compare_gives_per_level_deltas():
     assert d[1].itl_delta_pct > 0 and d[1].b_accept == 1.51
     only_a = compare(BASE, mk({1: 100.0}, "x"))
     assert [x.concurrency for x in only_a][:2] == [1, 2] and only_a[1].b_tok_s is None
+
+
+def _workload_run(kind: str, verify_rounds: int) -> BenchRun:
+    samples = [["chat", 32, 1.0, 0.1, verify_rounds, True], ["humaneval", 32, 0.5, 0.1, verify_rounds, True]]
+    return BenchRun(meta={"kind": kind}, levels=[BenchLevel(level=1, output_throughput=40.0, samples=samples)])
+
+
+def test_workload_rows_name_the_baselines_accept_length_instead_of_a_dash():
+    from opsctl.report import workload_rows
+
+    release = _workload_run("ddtree", 8)           # 32 tokens in 8 rounds: accept length 4.00
+    rows = workload_rows(release, _workload_run("autoregressive", 0), None)
+    assert [(r[1], r[5], r[6]) for r in rows] == [("chat", "4.00", "1 (AR)"), ("humaneval", "4.00", "1 (AR)")]
+    # a speculative baseline reports its own; one benched without metrics says it did not report it
+    assert workload_rows(release, _workload_run("dflash", 16), None)[0][6] == "2.00"
+    assert workload_rows(release, _workload_run("dflash", 0), None)[0][6] == "not reported"
+    assert workload_rows(release, None, None)[0][6] == "no baseline"

@@ -320,6 +320,10 @@ def test_start_failures_name_what_happened(truth_lab, tmp_path, fault, says):
     gv = inv / "group_vars/all.yml"
     gv.write_text(gv.read_text().replace("      readiness_timeout_s: 120\n    ar-tp8",
                                          "      readiness_timeout_s: 12\n    ar-tp8", 1))
+    # from the baseline: the failed start rolls back to it, and the fault (scoped to DDTREE) does not
+    # slow its start, as it would a DDTree release an earlier test left serving (60 s of load_s)
+    if live(truth_lab)["current"] != truth_lab.baseline:
+        assert opsctl("rollback", "--to", "baseline", inv=inv).returncode == 0
     fault = dict(fault)
     with truth_lab.fault(fault.pop("name"), algorithm="DDTREE", **fault):
         p = opsctl("deploy", "ddtree", "--budget", "12", *FAST, inv=inv)
@@ -327,6 +331,7 @@ def test_start_failures_name_what_happened(truth_lab, tmp_path, fault, says):
     first = p.stderr.strip().splitlines()[-1]
     assert says in first, first
     assert "capture did not run" not in first
+    assert f"rolled back to {truth_lab.baseline}" in first
 
 
 def test_a_crash_while_serving_names_the_crash_line(truth_lab):
@@ -378,3 +383,17 @@ def test_rollback_to_a_gate_failed_release_needs_force_and_never_makes_it_last_g
     rec = ledger(truth_lab)[-1]
     assert rec["action"] == "rollback" and rec["to_release"] == good and rec["result"] == "ok", rec
     assert status(truth_lab.inv)["last_good"] == good
+
+
+def test_a_budget_above_the_tree_kernels_limit_is_refused_before_anything_on_the_host_changes(truth_lab):
+    before, records = live(truth_lab), len(ledger(truth_lab))
+    releases = truth_lab.run(f"ls {ROOT}/releases").stdout
+    p = opsctl("deploy", "ddtree", "--budget", "100", "--yes", inv=truth_lab.inv)
+    assert p.returncode == 2, p.stdout + p.stderr
+    line = p.stderr.strip().splitlines()[-1]
+    assert "budget 100 is above the fused tree kernel's 64" in line, line
+    # the one-band schedule of the same budget gets the same words
+    s = opsctl("deploy", "ddtree", "--budget-schedule", "1:100,8:4", "--yes", inv=truth_lab.inv)
+    assert s.returncode == 2 and "budget 100 is above the fused tree kernel's 64" in s.stderr, s.stderr
+    assert live(truth_lab) == before and len(ledger(truth_lab)) == records
+    assert truth_lab.run(f"ls {ROOT}/releases").stdout == releases
