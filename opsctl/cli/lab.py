@@ -16,8 +16,8 @@ lab_app = typer.Typer(
     name="lab",
     help=("The local lab host: a real systemd machine (systemd-nspawn over a throw-away overlay of /, "
           "own network namespace, real SSH) running an SGLang 0.5.23 emulator instead of GPUs. Needs root.\n\n"
-          "Up to 6 hosts (--hosts): lab1 (10.203.9.2, the single-host lab, inventories/lab), lab2 "
-          "(10.203.9.6), lab3 (10.203.9.10), lab4 (10.203.9.14), lab5 (10.203.9.18), lab6 (10.203.9.22); inventories/lab-fleet holds lab1-lab3.\n\n"
+          "Up to 5 hosts (--hosts): lab1 (10.203.9.2, the single-host lab, inventories/lab), lab2 "
+          "(10.203.9.6), lab3 (10.203.9.10), lab4 (10.203.9.14), lab5 (10.203.9.18); inventories/lab-fleet holds lab1-lab3.\n\n"
           "Examples:\n\n"
           "  opsctl lab up\n\n"
           "  opsctl lab up --hosts 3\n\n"
@@ -32,7 +32,7 @@ lab_app = typer.Typer(
 fault_app = typer.Typer(name="fault", help="Inject faults into the lab host (emulator faults apply at the next "
                         "service start). See docs/lab.md.", no_args_is_help=True, rich_markup_mode=None)
 JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON on stdout.")
-HOST_HELP = "Which lab host: lab (= lab1), lab2, lab3, lab4, lab5, lab6 (or 1-6). Default: lab1."
+HOST_HELP = "Which lab host: lab (= lab1), lab2, lab3, lab4, lab5 (or 1-5). Default: lab1."
 
 
 def _say(msg: str) -> None:
@@ -43,8 +43,8 @@ def _say(msg: str) -> None:
 def up(json_out: bool = JsonOpt,
        timeout: float = typer.Option(90.0, "--timeout", help="Seconds to wait for SSH."),
        hosts: int = typer.Option(1, "--hosts", metavar="N",
-                                 help="Run N lab hosts (1-6): lab1 10.203.9.2 (the single-host lab), lab2 "
-                                      "10.203.9.6, lab3 10.203.9.10, lab4 10.203.9.14, lab5 10.203.9.18, lab6 10.203.9.22, each its own systemd "
+                                 help="Run N lab hosts (1-5): lab1 10.203.9.2 (the single-host lab), lab2 "
+                                      "10.203.9.6, lab3 10.203.9.10, lab4 10.203.9.14, lab5 10.203.9.18, each its own systemd "
                                       "container. 'opsctl lab up --hosts 3' + '-i inventories/lab-fleet' gives "
                                       "a 3-host fleet. Hosts already up are kept; hosts above N are left as "
                                       "they are.")) -> None:

@@ -2,10 +2,10 @@
 
 A test double. Production modules never import this package.
 
-API (what `opsctl lab ...` and tests/conftest.py call). The lab runs 1 to 6 hosts ("nodes",
+API (what `opsctl lab ...` and tests/conftest.py call). The lab runs 1 to 5 hosts ("nodes",
 constants.LabNode); node 1 is the single-host lab of old (10.203.9.2, "gpuhost"), node i its own
 netns/veth/address/machine (10.203.9.<4(i-1)+2>, "gpuhost-<i>"). `node`/`host`: an index or a
-host name ("lab"/"lab1", "lab2".."lab6"); default node 1.
+host name ("lab"/"lab1", "lab2".."lab5"); default node 1.
     up(say=print, hosts=1) -> LabStatus   boot nodes 1..hosts (idempotent; cleans a crashed run; installs
                                           Debian deps); returns node 1's status
     down(say=print, nodes=None) -> []     halt + remove netns/veth/cgroups of every node (or of `nodes`);

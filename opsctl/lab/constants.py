@@ -17,7 +17,7 @@ SESSION_LOCK = Path("/run/opsctl-lab.session.lock")  # held by whoever uses the 
 HOLDER_FILE = STATE_DIR / "holder.json"  # who brought the lab up (opsctl/lab/holder.py)
 
 PREFIX = 30
-MAX_NODES = 6   # the lab runs at most this many hosts on this machine (2 cores, 24 GiB; ~150 MiB each)
+MAX_NODES = 5   # the lab runs at most this many hosts on this machine (2 cores, 24 GiB; ~150 MiB each)
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ HOST_NAMES = {"lab": 1, **{n.name: n.index for n in NODES}}   # "lab" / "lab1" =
 
 
 def resolve_node(host: "int | str | LabNode | None" = None) -> LabNode:
-    """None -> node 1; an index 1..6; or a host name: "lab" / "lab1" = node 1, "lab2".."lab6"."""
+    """None -> node 1; an index 1..5; or a host name: "lab" / "lab1" = node 1, "lab2".."lab5"."""
     if host is None:
         return NODES[0]
     if isinstance(host, LabNode):

@@ -11,7 +11,7 @@ Two kinds:
   port_holder   a listener on the service port (default 30000), so the
                 service cannot bind it and host checks see the port taken.
 Every call takes `host`: a node index or a host name ("lab" / "lab1" = node 1,
-"lab2".."lab6"; the names inventories/lab-fleet uses); None = node 1.
+"lab2".."lab5"; the names inventories/lab-fleet uses); None = node 1.
 """
 from __future__ import annotations
 

@@ -83,14 +83,14 @@ def test_wheel_installs_offline_as_sglang_0_5_23(tmp_path):
     assert r.returncode == 0 and "--speculative-num-draft-tokens" in r.stdout
 
 
-def test_more_than_6_hosts_is_a_one_line_lab_error():
-    r = run("lab", "up", "--hosts", "7")
-    assert r.returncode == 7 and "the lab runs at most 6 hosts on this machine" in r.stderr, r.stderr
+def test_more_than_5_hosts_is_a_one_line_lab_error():
+    r = run("lab", "up", "--hosts", "6")
+    assert r.returncode == 7 and "the lab runs at most 5 hosts on this machine" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("args", [("lab", "ssh", "--host", "lab9"), ("lab", "fault", "list", "--host", "nope"),
-                                  ("lab", "fault", "set", "crash-after", "--host", "lab7"),
+                                  ("lab", "fault", "set", "crash-after", "--host", "lab6"),
                                   ("lab", "fault", "clear", "--host", "x"), ("lab", "down", "--host", "lab7")])
 def test_unknown_lab_host_is_bad_input_naming_the_valid_names(args):
     r = run(*args)

@@ -26,7 +26,7 @@ def test_node1_keeps_the_single_host_names():
 
 
 @pytest.mark.parametrize("i,host_ip,guest_ip", [(2, "10.203.9.5", "10.203.9.6"), (3, "10.203.9.9", "10.203.9.10"),
-                                                (4, "10.203.9.13", "10.203.9.14"), (5, "10.203.9.17", "10.203.9.18"), (6, "10.203.9.21", "10.203.9.22")])
+                                                (4, "10.203.9.13", "10.203.9.14"), (5, "10.203.9.17", "10.203.9.18")])
 def test_node_i_gets_its_own_names_and_slash30(i, host_ip, guest_ip):
     n = C.LabNode(i)
     assert (n.name, n.netns, n.veth_host, n.veth_guest, n.machine, n.hostname, n.cgroup_name) == (
@@ -38,12 +38,12 @@ def test_node_i_gets_its_own_names_and_slash30(i, host_ip, guest_ip):
 
 
 def test_nodes_are_distinct_and_bounded():
-    assert [n.index for n in C.NODES] == [1, 2, 3, 4, 5, 6]
+    assert [n.index for n in C.NODES] == [1, 2, 3, 4, 5]
     for attr in ("netns", "veth_host", "veth_guest", "host_ip", "guest_ip", "machine", "hostname", "cgroup_name",
                  "pid_file", "boot_script", "boot_log", "overlay_dir"):
-        assert len({getattr(n, attr) for n in C.NODES}) == 6, attr
+        assert len({getattr(n, attr) for n in C.NODES}) == 5, attr
     with pytest.raises(ValueError):
-        C.LabNode(7)
+        C.LabNode(6)
     with pytest.raises(ValueError):
         C.LabNode(0)
 
@@ -54,7 +54,7 @@ def test_resolve_node(given, index):
     assert C.resolve_node(given).index == index
 
 
-@pytest.mark.parametrize("bad", ["lab7", "lab0", "gpuhost", "", 0, 7, "7", True])
+@pytest.mark.parametrize("bad", ["lab6", "lab0", "gpuhost", "", 0, 6, "6", True])
 def test_unknown_host_is_a_config_error_naming_the_valid_names(bad):
     with pytest.raises(ConfigError) as e:
         C.resolve_node(bad)
@@ -63,8 +63,8 @@ def test_unknown_host_is_a_config_error_naming_the_valid_names(bad):
 
 def test_hosts_count_is_checked_before_root():
     assert host.check_hosts(1) == 1 and host.check_hosts(4) == 4
-    with pytest.raises(LabError, match="the lab runs at most 6 hosts on this machine"):
-        host.up(hosts=7)
+    with pytest.raises(LabError, match="the lab runs at most 5 hosts on this machine"):
+        host.up(hosts=6)
     with pytest.raises(LabError):
         host.check_hosts(0)
 
