@@ -280,8 +280,11 @@ def evaluate(samples: list, rules: dict, min_samples: int, window_s: float, now:
         out.append({"rule": "throughput", "status": "breach" if bad else "ok", "observed": med,
                     "threshold": round(1 - frac, 3), "samples": len(ratios), "gen_tps": tps, "baseline_tps": exp,
                     "concurrency": conc,
-                    "detail": f"{tps:.1f} tok/s at concurrency {conc:g} = {med:.2f} x the baseline's {exp:.1f} "
-                              f"({'below' if bad else 'within'} the {1 - frac:.2f} limit, {len(ratios)} samples)"})
+                    # the rule judges the median of per-sample ratios; the medians of tok/s beside it
+                    # need not divide to it, so the words say which number is judged
+                    "detail": f"median per-sample ratio {med:.2f} x the baseline ({'below' if bad else 'within'} "
+                              f"the {1 - frac:.2f} limit, {len(ratios)} samples; median {tps:.1f} tok/s at "
+                              f"concurrency {conc:g} against the baseline's {exp:.1f})"})
 
     fin = sum(s.get("finished") or 0 for s in ok)
     ab = sum(s.get("aborted") or 0 for s in ok)

@@ -157,7 +157,9 @@ def test_decayed_ddtree_is_switched_back_to_the_baseline_by_the_host_alone(wl, o
     if "accept_length" in breaches:
         assert breaches["accept_length"]["threshold"] == 2.0
     if "throughput" in breaches:
-        assert breaches["throughput"]["gen_tps"] < 0.7 * breaches["throughput"]["baseline_tps"]
+        # judged on the median of per-sample ratios (the medians of tok/s need not divide to it)
+        assert breaches["throughput"]["threshold"] == 0.7
+        assert "median per-sample ratio" in breaches["throughput"]["detail"]
     w = rec["watch"]
     # within the window plus one interval, and one more for a busy 2-core CI box (13.1 s seen there)
     assert w["switched_at"] - onset <= WINDOW + 2 * INTERVAL, (w, onset)

@@ -269,3 +269,15 @@ def test_rules_for_a_schedule_release_come_from_its_manifest(tmp_path):
                                      "cuda_graph_max_bs": 32}})
     assert rules["undrafted_batches"] == [[31, None]]
     assert "undrafted_batches" not in a.rules_for({"profile": {"name": "ddtree", "kind": "ddtree", "budget": 16}})
+
+
+def test_throughput_words_name_the_judged_ratio_beside_medians_that_need_not_divide_to_it():
+    # as seen on the lab: the median of per-sample ratios below 0.7 while median tok/s / median
+    # baseline tok/s is above it; the words must say which number was judged
+    now = 1000.0
+    pairs = [(135.0, 150.0), (195.0, 300.0), (150.0, 300.0), (150.0, 150.0), (50.0, 100.0)]
+    dec = [decode_sample(now - 5 * i, tps=t, expected=e) for i, (t, e) in enumerate(pairs)]
+    f = by_rule(agent.evaluate(dec, RULES, 4, 60, now))["throughput"]
+    assert f["status"] == "breach" and f["observed"] < 0.7 < f["gen_tps"] / f["baseline_tps"]
+    assert f["detail"].startswith(f"median per-sample ratio {f['observed']:.2f} x the baseline (below the 0.70 limit")
+    assert f"median {f['gen_tps']:.1f} tok/s" in f["detail"] and f"baseline's {f['baseline_tps']:.1f}" in f["detail"]
