@@ -171,7 +171,7 @@ def run_checks(inventory: Inventory, group: str = "all", limit: str | None = Non
     with tempfile.TemporaryDirectory(prefix="opsctl-check-run-") as tmp:
         ini = Path(tmp) / "pytest.ini"
         ini.write_text("[pytest]\n")  # keep the caller's pytest.ini/pyproject (addopts...) out
-        args = ["-c", str(ini), "--rootdir", str(CHECKS_DIR), "-p", "no:cacheprovider", "-p", "opsctl.checks.plugin",
+        args = ["-c", str(ini), "--rootdir", str(CHECKS_DIR), "-p", "no:cacheprovider", "-p", "testinfra.plugin", "-p", "opsctl.checks.plugin",
                 "-q", "-o", "console_output_style=classic",
                 "--inventory", str(inventory.path),
                 *(["--limit", limit] if limit else []),
@@ -183,6 +183,9 @@ def run_checks(inventory: Inventory, group: str = "all", limit: str | None = Non
         env_backup = dict(os.environ)
         try:
             os.environ.pop("OPSCTL_LIMIT", None)
+            # only the plugins the checks need (testinfra's, opsctl's): whatever else is installed
+            # beside them (xdist, anyio, ...) neither changes the checks nor costs a second per run
+            os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
             # an interrupt must not be reported by pytest as a failing check: held until it ends
             with BRAKE.held(), contextlib.redirect_stdout(out):
                 # the plugin takes this inventory as loaded (no second read from disk)

@@ -26,10 +26,16 @@ def wait_ready(conn: Connection, host: HostConfig, profile: Profile, since: int,
     deadline = time.monotonic() + profile.readiness_timeout_s
     first_pid = None
     last = ""
+    ready_seen = False
     while True:
-        props, causes, ready_lines, health = facts.gather(
-            conn, facts.ServiceState(host.unit_name), facts.CauseLines(host.unit_name, since),
-            facts.ReadyLines(host.unit_name, since), facts.HealthCode(str(host.host_python), host.http_port))
+        # /health_generate is asked only once the ready line is there (it cannot answer 200 before):
+        # a start polled for minutes runs no HTTP client on the host until then
+        asked = (facts.ServiceState(host.unit_name), facts.CauseLines(host.unit_name, since),
+                 facts.ReadyLines(host.unit_name, since))
+        if ready_seen:
+            asked += (facts.HealthCode(str(host.host_python), host.http_port),)
+        props, causes, ready_lines, *health_code = facts.gather(conn, *asked)
+        health = health_code[0] if health_code else 0
         active, sub = props.get("ActiveState", ""), props.get("SubState", "")
         restarts, pid = props.get("NRestarts", "0"), props.get("MainPID", "0")
         cause = journal.first_cause(causes)
@@ -53,6 +59,9 @@ def wait_ready(conn: Connection, host: HostConfig, profile: Profile, since: int,
         if ready_lines > 0 and health == 200:
             steps.done("ready", t0, f"ready in {time.monotonic() - t0:.1f}s (pid {pid})")
             return Ready(time.monotonic() - t0, pid)
+        if ready_lines > 0 and not ready_seen:
+            ready_seen = True
+            continue  # ask /health_generate now
         last = f"{active}/{sub}, ready line {'seen' if ready_lines else 'not seen'}, /health_generate {health}"
         if time.monotonic() > deadline:
             raise _start_failed(host, f"not ready within {profile.readiness_timeout_s} s: the server was still "

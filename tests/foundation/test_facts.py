@@ -44,6 +44,41 @@ def test_health_code(out, want):
     assert facts.HealthCode("/usr/bin/python3", 30000).process(out) == want
 
 
+def test_health_code_asks_a_real_server_and_reads_its_status_line():
+    # the probe is a bare-socket HTTP/1.0 request (run by the host's python3): it must read a real
+    # server's 503 before ready, its 200 after, and 0 where nothing listens
+    import http.server
+    import socket
+    import sys
+    import threading
+
+    answers = [503, 200]
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            code = answers.pop(0) if self.path == "/health_generate" else 404
+            self.send_response(code)
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        probe = facts.HealthCode(sys.executable, server.server_address[1], timeout_s=5)
+        conn = LocalConnection()
+        assert [probe.process(conn.run(probe.command()).stdout) for _ in range(2)] == [503, 200]
+    finally:
+        server.shutdown()
+    with socket.socket() as s:   # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    closed = facts.HealthCode(sys.executable, free, timeout_s=5)
+    assert closed.process(LocalConnection().run(closed.command()).stdout) == 0
+
+
 def test_ready_lines_counts_and_names_the_window():
     fact = facts.ReadyLines("sglang-k26.service", 1796125239)
     assert "--since @1796125239" in fact.command() and "fired up and ready to roll" in fact.command()
