@@ -28,6 +28,14 @@ def within(measured: float, truth: float, rel: float = 0.02) -> bool:
     return abs(measured - truth) <= rel * truth
 
 
+def kept_schedule(measured_ms: float, nominal_ms: float, rel: float = 0.03, late: float = 0.08) -> bool:
+    """The fake server sleeps to its schedule: a busy box makes it late, never early. Measured on
+    the 2-core CI box (unit tier on 4 workers, the whole-lab tests booting hosts beside it): the
+    200 ms first token came up to 4 % late while the client stayed within 2 % of the server's own
+    clock; `late` is twice that."""
+    return nominal_ms * (1 - rel) <= measured_ms <= nominal_ms * (1 + late)
+
+
 def _levels(records):
     return {r["max_concurrency"]: r for r in records if r.get("record") == "level"}
 
@@ -74,7 +82,7 @@ def test_measured_ttft_itl_and_throughput_match_the_known_schedule():
         ms = [loadgen.compute_metrics(r, d) for r, d in runs]
         med = lambda k: statistics.median(x[k] for x in ms)   # noqa: E731
         n = len(runs[0][0])
-        assert within(med("median_ttft_ms"), ttft * 1000, 0.03), (c, med("median_ttft_ms"))
+        assert kept_schedule(med("median_ttft_ms"), ttft * 1000), (c, med("median_ttft_ms"))
         assert within(med("median_itl_ms"), gap * 1000), (c, med("median_itl_ms"))
         assert within(med("mean_tpot_ms"), gap * 1000)
         assert within(med("median_e2e_latency_ms"), e2e * 1000)
