@@ -28,8 +28,8 @@ class LevelDelta(BaseModel):
     b_ttft_p50_ms: float | None
     a_accept: float | None
     b_accept: float | None
-    a_errors: int = 0
-    b_errors: int = 0
+    a_errors: int | None = None  # None: that side has no result at this level ('-', not 0)
+    b_errors: int | None = None
     a_lacks: list[str] = []     # fields A's (imported) result lacks: shown as missing, never 0
     b_lacks: list[str] = []
 
@@ -99,7 +99,7 @@ def compare(a: BenchRun, b: BenchRun) -> list[LevelDelta]:
             itl_delta_pct=_pct(v(y, "median_itl_ms"), v(x, "median_itl_ms")),
             a_ttft_p50_ms=v(x, "median_ttft_ms"), b_ttft_p50_ms=v(y, "median_ttft_ms"),
             a_accept=x.accept if x else None, b_accept=y.accept if y else None,
-            a_errors=x.errors if x else 0, b_errors=y.errors if y else 0,
+            a_errors=x.errors if x else None, b_errors=y.errors if y else None,
             a_lacks=list(x.missing) if x else [], b_lacks=list(y.missing) if y else []))
     return out
 

@@ -334,9 +334,13 @@ REPORTED_FIELDS: tuple[str, ...] = (
     "output_throughput", "total_throughput", "concurrency", "max_output_tokens_per_s",
     *[f"{s}_{m}_ms" for m in ("e2e_latency", "ttft", "tpot", "itl") for s in ("mean", "median", "std", "p90", "p95", "p99")],
 )
-# the first JSON format's names -> today's
+# the first JSON format's names -> today's. Its first lines were `sglang.bench_rps`'s (July 2024:
+# `{"request_rate", "ttft", "itl", "output_token_throughput"}`, `ttft`/`itl` the `Median TTFT`/
+# `Median ITL` it read from bench_serving's summary, in ms); bench_serving's own `result = {...}`
+# then named them `median_ttft`/`median_itl` beside `mean_e2e_latency`, `total_input`, ...
 _FIRST_JSON = {"output_token_throughput": "output_throughput", "median_ttft": "median_ttft_ms",
-               "median_itl": "median_itl_ms", "mean_e2e_latency": "mean_e2e_latency_ms",
+               "median_itl": "median_itl_ms", "ttft": "median_ttft_ms", "itl": "median_itl_ms",
+               "mean_e2e_latency": "mean_e2e_latency_ms",
                "median_e2e_latency": "median_e2e_latency_ms", "total_input": "total_input_tokens",
                "total_output": "total_output_tokens", "benchmark_duration": "duration"}
 # console labels (lower case, units and the trailing colon dropped, `reqeuest` fixed) -> fields

@@ -83,7 +83,49 @@ def test_two_summaries_in_one_markdown_file_the_second_cut_short():
 # --------------------------------------------------------------------------- JSON formats
 
 
+def test_the_first_json_lines_ever_written_bench_rps_from_pr_670(tmp_path):
+    """Collected: sglang.bench_rps's line from sgl-project/sglang PR #670 (July 2024), whose
+    `ttft`/`itl` are the Median TTFT/ITL (ms) it read from bench_serving's summary."""
+    run = import_results(PASTED / "sglang-670-bench-rps-first-json.jsonl")
+    (lv,) = run.levels
+    assert (lv.source_format, lv.source_line) == (FORMAT_FIRST_JSON, 1)
+    assert (lv.output_throughput, lv.median_ttft_ms, lv.median_itl_ms) == (397.51, 32.04, 12.19)
+    assert lv.model_extra["request_rate"] == 2
+    # only four fields: the rest lacks, none is 0 and none is derived (no E2E, count or duration)
+    assert {"median_ttft_ms", "median_itl_ms", "output_throughput"}.isdisjoint(lv.missing)
+    assert {"completed", "duration", "request_throughput", "mean_e2e_latency_ms", "p99_itl_ms", "p99_ttft_ms",
+            "errors", "concurrency"} <= set(lv.missing) and lv.derived == []
+    assert lv.level == 0 and lv.value("request_throughput") is None and lv.value("errors") is None
+    rec = next(json.loads(ln) for ln in write_jsonl(run, tmp_path / "x.jsonl").read_text().splitlines()
+               if '"level"' in ln)
+    assert rec["median_itl_ms"] == 12.19 and rec["p99_itl_ms"] is None and rec["completed"] is None
+    assert rec["source_format"] == FORMAT_FIRST_JSON
+
+
+def test_cli_import_of_the_bench_rps_line_shows_missing_not_zero(app, tmp_path):
+    f = PASTED / "sglang-670-bench-rps-first-json.jsonl"
+    code, out, _, exc = invoke(app, "bench", "import", str(f), "--out", str(tmp_path))
+    assert code == 0, exc
+    said = "".join(out.split())
+    assert f"{f}:1:bench_serving first JSON result format,C=?;lacks".replace(" ", "") in said
+    row = next(ln for ln in out.splitlines() if ln.startswith("│ ? "))
+    cells = [c.strip() for c in row.strip("│ ").split("│")]
+    # C, tok/s, req/s, TTFT p50, ITL p50, ITL p99, E2E p50, accept, errors
+    assert cells == ["?", "397.5", "missing", "32.0", "12.19", "missing", "missing", "-", "missing"]
+    code, out, _, _ = invoke(app, "bench", "import", str(f), "--out", str(tmp_path), "--json")
+    (res,) = json.loads(out)["results"]
+    assert res["format"] == FORMAT_FIRST_JSON and res["concurrency"] is None and res["derived"] == []
+    assert "median_itl_ms" not in res["lacks"] and "p99_itl_ms" in res["lacks"]
+    # as compare's A, the level B does not have shows '-' for B, not 0 errors
+    code, out, _, exc = invoke(app, "bench", "compare", str(f), str(PASTED / "sglang-26445-p90-summary.txt"))
+    assert code == 0, exc
+    row = next(ln for ln in out.splitlines() if ln.startswith("│ ? "))
+    cells = [c.strip() for c in row.strip("│ ").split("│")]
+    assert cells == ["?", "397.5", "-", "-", "12.19", "-", "-", "-", "-"]
+
+
 def test_first_json_format_names_are_mapped():
+    """Constructed (see data/pasted/README.md): bench_serving's own first `result = {...}` names."""
     (lv,) = import_results(PASTED / "first-format-from-dlora-summaries.jsonl").levels
     assert lv.source_format == FORMAT_FIRST_JSON
     assert (lv.output_throughput, lv.median_ttft_ms, lv.median_itl_ms) == (825.94, 606.88, 0.0)
