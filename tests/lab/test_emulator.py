@@ -221,6 +221,7 @@ def test_greedy_output_is_lossless_across_profiles(tmp_path):
     assert len({tuple(x) for x in ar}) == len(PROMPTS)     # per-prompt outputs differ
 
 
+@pytest.mark.timing  # tokens per second against the performance model
 def test_64_concurrent_requests_match_the_model(tmp_path):
     """DDTree budget 8, TP8, 64 concurrent requests: decode lines within 10% of perf.Model."""
     args = ["--tp-size", "8", "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "{drafter}",
@@ -316,6 +317,7 @@ def test_fault_crash_after(tmp_path):
     assert "Scheduler hit an exception" in emu.text() and "illegal memory access" in emu.text()
 
 
+@pytest.mark.timing  # tokens per second against the performance model
 def test_fault_accept_collapse_is_the_sites_broken_ddtree(tmp_path):
     args = ["--tp-size", "8", "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "{drafter}",
             "--speculative-num-draft-tokens", "33", "--decode-log-interval", "10"]
@@ -368,6 +370,7 @@ def test_gpu_registry_for_nvidia_smi(tmp_path):
     assert apps.strip() == ""
 
 
+@pytest.mark.timing  # tokens per second against the site's numbers
 @pytest.mark.parametrize("extra,want", [([], 98.0), (["--ep-size", "8"], 65.0)])
 def test_autoregressive_c1_matches_the_site(tmp_path, extra, want):
     with Emu(tmp_path, ["--tp-size", "8", "--decode-log-interval", "10"] + extra) as emu:
