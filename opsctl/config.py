@@ -284,6 +284,47 @@ class WatchSettings(_Strict):
         return rules
 
 
+START_LIMIT_BURST = 3  # templates/sglang.service.j2: the starts systemd allows in StartLimitIntervalSec
+
+
+def watch_window_problem(settings: "HostSettings") -> tuple[tuple, str, str] | None:
+    """A watch window too short for its restarts rule (issue #32 item 6): (where in opsctl:, the
+    problem, the fix), or None. A crash loop fails at most once per `restart_sec` (the unit's
+    RestartSec) and the watch reads the journal once per `interval_s` (a failure counts when it
+    is read, up to an interval late, and ticks drift), so the window must span `max_restarts`
+    restart delays plus two intervals to hold the `max_restarts + 1` failures that breach
+    whatever the phase of the ticks; and systemd stops the unit after StartLimitBurst starts, so a rule
+    that needs more failures than that never trips. The metric rules' need (min_samples
+    samples) is WatchSettings' own check."""
+    w = settings.watch
+    if not w.enabled:
+        return None
+    rules = [(("watch", "defaults", "max_restarts") if "max_restarts" in w.defaults.model_fields_set
+              else ("watch", "window_s"), "opsctl.watch.defaults", w.defaults.max_restarts)]
+    for name, data in sorted(w.rules.items()):
+        if isinstance(data, dict) and "max_restarts" in data:
+            rules.append((("watch", "rules", name, "max_restarts"), f"opsctl.watch.rules.{name}",
+                          int(data["max_restarts"])))
+    restart = settings.restart_sec
+    for loc, where, n in rules:
+        if n + 1 > START_LIMIT_BURST:
+            return (loc, f"{where}.max_restarts {n}: the restarts rule needs {n + 1} failures of the server in one "
+                         f"window, but systemd stops the unit after {START_LIMIT_BURST} starts (StartLimitBurst): a "
+                         f"crash loop would never trip it",
+                    f"set {where}.max_restarts to {START_LIMIT_BURST - 1} or less")
+    loc, where, n = max(rules, key=lambda r: r[2])
+    need = n * restart + 2 * w.interval_s
+    if w.window_s < need:
+        return (("watch", "window_s"),
+                f"opsctl.watch.window_s {w.window_s} is shorter than the restarts rule needs: {where}.max_restarts "
+                f"{n} trips at failure {n + 1}, which comes at least {n} x restart_sec {restart}s after the first, "
+                f"each read up to an interval_s ({w.interval_s}s) late (needs window_s >= {need})",
+                f"raise opsctl.watch.window_s to {need}"
+                + (f", or lower opsctl.restart_sec to {lower}" if n and (lower := (w.window_s - 2 * w.interval_s) // n)
+                   >= 1 else ""))
+    return None
+
+
 _SERIAL_PCT = re.compile(r"(\d+)%")
 
 
@@ -900,6 +941,10 @@ def _host_config(name: str, groups: tuple[str, ...], merged: dict, directory: Pa
         raise ConfigError(f"{head.of('watch', 'rules', unknown_rules[0])}: opsctl.watch.rules: unknown profile(s) "
                           f"{', '.join(unknown_rules)}" + (f": did you mean {close[0]!r}?" if close else ""),
                           f"use one of: {', '.join(known)}")
+    short = watch_window_problem(parsed)
+    if short is not None:
+        loc, problem, fix_ = short
+        raise ConfigError(f"{head.of(*loc)}: {problem}", fix_)
     baseline = {**BUILTIN_PROFILES.get(parsed.baseline_profile, {}), **parsed.profiles.get(parsed.baseline_profile, {})}
     if baseline.get("kind") != "autoregressive":
         raise ConfigError(f"{head.of('baseline_profile')}: baseline_profile {parsed.baseline_profile!r} "
