@@ -132,7 +132,7 @@ def test_the_watch_notify_url_is_in_a_0600_file_and_never_printed(base, lab_host
     lab = lab_host
     url = f"https://ops:{TOKEN}@hooks.example.com/services/T0/B0/{TOKEN}?sig={TOKEN}"
     inv = _inventory(base.inventory_dir, tmp_path / "inv",
-                     watch={"enabled": True, "mode": "alert", "interval_s": 5, "window_s": 30, "min_samples": 3,
+                     watch={"enabled": True, "mode": "alert", "interval_s": 5, "window_s": 40, "min_samples": 3,
                             "notify": {"url": url}})
     try:
         p = _run("deploy", "ddtree", "--budget", "8", "--yes", "--no-gate", "--skip-checks", inv=inv)
