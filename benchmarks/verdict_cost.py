@@ -38,6 +38,7 @@ def main(argv=None) -> int:
     from opsctl import lab
     from opsctl.config import load_inventory
     from opsctl.flow.bench import load_baseline, measure
+    from opsctl.gates import throughput_decision
     from opsctl.host.connection import connect
     from opsctl.lab import constants as C
     from opsctl.lab import holder
@@ -74,9 +75,9 @@ def main(argv=None) -> int:
                 finally:
                     conn.close()
                 cand = cf.rates(cf.samples_of(run.at(level)))
-                iv = cf.speedup_interval(cand, cf.rates(cf.samples_of(baseline.at(level))), seed=level)
-                thr = (1 + policy.min_speedup) if level == policy.speedup_concurrency else (1 - policy.max_regression)
-                rows.append((label, level, f"{(thr - 1) * 100:+.0f} %", len(cand), cf.decide(iv, thr, policy.min_requests),
+                iv, decision = throughput_decision(policy, level, cand, cf.rates(cf.samples_of(baseline.at(level))))
+                thr = policy.threshold_at(level)
+                rows.append((label, level, f"{(thr - 1) * 100:+.0f} %", len(cand), decision,
                              iv.pct() if iv else "-", wall))
                 lab.clear_fault(None)
                 opsctl("rollback", "--to", "baseline", inv=inv)
@@ -87,7 +88,7 @@ def main(argv=None) -> int:
                 holder.clear_holder()
     print(f"requests and wall time to a verdict (lab, site mix humaneval 0.3 / chat 0.5 / math 0.2, rounds of "
           f"max(C, {base_policy.requests_per_level}), cap {a.max_requests}, min {base_policy.min_requests} per side)")
-    print("| case | C | threshold | requests | decision | speedup, 90 % CI | wall s |")
+    print("| case | C | threshold | requests | decision | speedup, interval (method, requests) | wall s |")
     print("|---|---:|---:|---:|---|---|---:|")
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]:.1f} |")

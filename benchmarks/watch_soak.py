@@ -56,7 +56,9 @@ def _inventory(dest: Path, port: int, interval: int, window: int, min_samples: i
                host_ip: str) -> Path:
     shutil.copytree(source, dest)
     gv = dest / "group_vars/all.yml"
-    gv.write_text(gv.read_text() + f"""  watch:
+    # the unit's RestartSec must fit the window's restarts rule (window >= RestartSec + 2 x interval, issue #32 item 6)
+    gv.write_text(gv.read_text() + f"""  restart_sec: {max(1, min(30, window - 2 * interval))}
+  watch:
     enabled: true
     mode: rollback
     interval_s: {interval}

@@ -70,8 +70,11 @@ class DrafterManifest:
     def total_bytes(self) -> int:
         return sum(f["size"] for f in self.files.values())
 
-    def to_json(self) -> str:
-        return json.dumps({"digest": self.digest, "files": self.files}, indent=1, sort_keys=True) + "\n"
+    def to_json(self, sampled: dict[str, str] | None = None) -> str:
+        """The host's manifest.json; `sampled` (rel -> sampled_sha256) lets a quick check compare samples
+        (playbooks/files/opsctl-verify --drafter sampled). It is outside `files`: the digest ignores it."""
+        return json.dumps({"digest": self.digest, "files": self.files, **({"sampled": sampled} if sampled else {})},
+                          indent=1, sort_keys=True) + "\n"
 
 
 def drafter_manifest(source: Path) -> DrafterManifest:
@@ -327,7 +330,8 @@ def sync_drafter(conn: Connection, host: HostConfig, source: Path, manifest: Dra
                  stdin=sums, check=False)
         raise HostError(f"{what} checksum mismatch on {host.name}: {'; '.join(bad)}",
                         "the bad files were removed; run the deploy again to resend them")
+    sampled = {rel: sampled_sha256(source / rel) for rel in manifest.files}
     conn.run(f"cat > {shlex.quote(str(incoming / 'manifest.json'))} "
-             f"&& mv -T {shlex.quote(str(incoming))} {shlex.quote(str(final))}", stdin=manifest.to_json())
+             f"&& mv -T {shlex.quote(str(incoming))} {shlex.quote(str(final))}", stdin=manifest.to_json(sampled))
     return SyncResult(manifest.digest, manifest.total_bytes, bytes_sent, len(plan["send"]), len(plan["link"]),
                       False, time.monotonic() - t0, verify_s)

@@ -14,6 +14,7 @@ floor, each with its own reason.
 """
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -24,6 +25,7 @@ from opsctl.findings import Finding
 
 Status = Literal["pass", "marginal", "inconclusive", "fail"]
 _RANK = {"pass": 0, "marginal": 1, "inconclusive": 2, "fail": 3}
+ATTEMPTS = 2  # a measurement, and one re-measure of an undecided verdict (judge_with_remeasure)
 
 
 class GatePolicy(BaseModel):
@@ -75,7 +77,9 @@ class GatePolicy(BaseModel):
     workloads: dict[str, float] = Field(
         default_factory=lambda: {"humaneval": 0.3, "chat": 0.5, "math": 0.2},
         description="the mix the gate measures on (name: weight); 'random' token ids are never the default")
-    confidence: float = Field(0.90, gt=0.5, lt=1.0, description="two-sided confidence of the speedup interval")
+    confidence: float = Field(0.90, gt=0.5, lt=1.0, description=(
+        "two-sided confidence of the speedup interval over all of a level's planned looks (each look uses "
+        "1 - (1 - confidence) / looks): a verdict at any look keeps each side's error at (1 - confidence) / 2"))
     min_requests: int = Field(8, ge=2, description="samples per level and side below which a level is inconclusive")
     max_requests: int = Field(48, ge=2, description="a level stops measuring at this many requests (the cap)")
     min_workload_requests: int = Field(4, ge=2, description="requests of a workload at a level to judge it alone")
@@ -92,6 +96,33 @@ class GatePolicy(BaseModel):
 
     def requests_for(self, concurrency: int) -> int:
         return max(self.requests_per_level, concurrency)
+
+    def rounds_at(self, concurrency: int) -> int:
+        """Rounds one measurement runs at a level at most: rounds of `requests_for(C)` up to the cap."""
+        per_round = self.requests_for(concurrency)
+        return -(-max(self.max_requests, per_round) // per_round)
+
+    def looks_at(self, concurrency: int) -> int:
+        """The looks at a level's interval the gate plans before the first: every round of the
+        measurement and of its one re-measure (`ATTEMPTS`; the re-measure's rounds continue the
+        first's) that has `min_requests` samples and so can decide. The interval's confidence is
+        spread over them (opsctl/confidence.py), so a verdict at any look carries the same error rate."""
+        per_round = self.requests_for(concurrency)
+        rounds = ATTEMPTS * self.rounds_at(concurrency)
+        return max(1, sum(1 for j in range(1, rounds + 1) if j * per_round >= self.min_requests))
+
+    def workload_looks_at(self, concurrency: int) -> int:
+        """The looks the per-workload rule ("a workload wholly below -max_regression fails the
+        level") is spread over: each workload of the mix, at each judge of the level (`ATTEMPTS`),
+        so the rule names a workload that is within the limit with at most (1 - confidence) / 2
+        over the level. With one workload its row is the level's own interval."""
+        n = len(self.workloads)
+        return ATTEMPTS * n if n > 1 else self.looks_at(concurrency)
+
+    def threshold_at(self, concurrency: int) -> float:
+        """The ratio a level's interval must clear: 1 + min_speedup at speedup_concurrency, else
+        1 - max_regression."""
+        return (1 + self.min_speedup) if concurrency == self.speedup_concurrency else (1 - self.max_regression)
 
     def floor_for(self, profile_kind: str) -> float | None:
         return _lookup(self.accept_length_floor, profile_kind)
@@ -140,6 +171,10 @@ class LevelRow(BaseModel):
     low_pct: float | None = None       # the speedup's confidence interval (percent), with samples
     high_pct: float | None = None
     samples: int | None = None         # candidate requests the interval rests on
+    baseline_samples: int | None = None  # baseline requests it rests on
+    method: str | None = None          # the interval's method (opsctl/confidence.py: "log-t")
+    confidence_pct: float | None = None  # the gate's confidence over all planned looks (90)
+    looks: int | None = None           # planned looks it is spread over; each look at 100 - (100 - conf) / looks
     # what the columns mean: baseline/candidate_tok_s are aggregate output throughput (medians over
     # repeats); delta_pct is the quantity the gate judged: with request samples the per-request
     # tok/s ratio of means behind the interval (baseline/candidate_req_tok_s), else the aggregate's
@@ -333,7 +368,7 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
             interval, decision, per_workload, req_means = conf
             delta = interval.ratio - 1.0
             reasons[:] = [r for r in reasons if not _throughput_reason(r, c)]
-            thr = (1 + policy.min_speedup) if c == policy.speedup_concurrency else (1 - policy.max_regression)
+            thr = policy.threshold_at(c)
             if decision == "fail":
                 need = (f"needs at least {policy.min_speedup * 100:+.0f} %" if c == policy.speedup_concurrency
                         else f"limit -{policy.max_regression * 100:.0f} %")
@@ -366,8 +401,13 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
                              why=why if st == "pass" else ("repeats too noisy to call" if spread > policy.max_spread
                                                            and why.startswith("pass") else why),
                              low_pct=(interval.low - 1) * 100 if interval else None,
-                             high_pct=(interval.high - 1) * 100 if interval else None,
+                             high_pct=(interval.high - 1) * 100 if interval and math.isfinite(interval.high)
+                             else None,
                              samples=interval.n_candidate if interval else None,
+                             baseline_samples=interval.n_baseline if interval else None,
+                             method=interval.method if interval else None,
+                             confidence_pct=interval.confidence * 100 if interval else None,
+                             looks=interval.looks if interval else None,
                              judged_on="per-request" if interval else "aggregate",
                              aggregate_delta_pct=None if aggregate_delta is None else aggregate_delta * 100,
                              baseline_req_tok_s=req_means[1], candidate_req_tok_s=req_means[0],
@@ -413,6 +453,16 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
                    canary=canary, policy=policy.model_dump(mode="json"))
 
 
+def throughput_decision(policy: GatePolicy, c: int, candidate: list[float], baseline: list[float]):
+    """(interval, decision) of level c's speedup from per-request rates: the interval at the
+    policy's confidence spread over the level's planned looks, decided against the level's
+    threshold. The one rule the measuring loop (opsctl/flow/bench.py) stops on and `judge` decides by."""
+    from opsctl import confidence as cf
+
+    interval = cf.speedup_interval(candidate, baseline, confidence=policy.confidence, looks=policy.looks_at(c))
+    return interval, cf.decide(interval, policy.threshold_at(c), policy.min_requests)
+
+
 def _confidence_level(c: int, candidate: BenchRun, baseline: BenchRun, policy: GatePolicy):
     """(interval, decision, per-workload rows, (candidate, baseline) mean per-request tok/s)
     at level c, or None without request samples."""
@@ -421,20 +471,21 @@ def _confidence_level(c: int, candidate: BenchRun, baseline: BenchRun, policy: G
     cs, bs = cf.samples_of(candidate.at(c)), cf.samples_of(baseline.at(c))
     if not cs or not bs:
         return None
-    thr = (1 + policy.min_speedup) if c == policy.speedup_concurrency else (1 - policy.max_regression)
-    interval = cf.speedup_interval(cf.rates(cs), cf.rates(bs), confidence=policy.confidence, seed=c)
+    interval, decision = throughput_decision(policy, c, cf.rates(cs), cf.rates(bs))
     if interval is None:
         return None
-    decision = cf.decide(interval, thr, policy.min_requests)
     per: dict[str, dict] = {}
-    for name in sorted({s.workload for s in cs}):
-        wc, wb = cf.rates(cs, name), cf.rates(bs, name)
-        iv = cf.speedup_interval(wc, wb, confidence=policy.confidence, seed=c) if wc and wb else None
+    names = sorted({s.workload for s in cs})
+    ivs = cf.workload_intervals({n: cf.rates(cs, n) for n in names}, {n: cf.rates(bs, n) for n in names},
+                                confidence=policy.confidence, looks=policy.workload_looks_at(c))
+    for name in names:
+        wc, iv = cf.rates(cs, name), ivs[name]
         row: dict = {"n": len(wc), "accept_length": cf.accept_length(cs, name),
                      "baseline_accept_length": cf.accept_length(bs, name)}
         if iv is not None:
             d = cf.decide(iv, 1 - policy.max_regression, policy.min_workload_requests)
-            row.update(delta_pct=(iv.ratio - 1) * 100, low_pct=(iv.low - 1) * 100, high_pct=(iv.high - 1) * 100,
+            row.update(delta_pct=(iv.ratio - 1) * 100, low_pct=(iv.low - 1) * 100,
+                       high_pct=(iv.high - 1) * 100 if math.isfinite(iv.high) else None,
                        status=d if d != "inconclusive" else "not judged alone", text=iv.pct())
         else:
             row.update(status="no baseline samples", text="-")

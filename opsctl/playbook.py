@@ -281,7 +281,3 @@ def _run(ansible_runner, work: Path, pb: Path, inventories: list[str], names: li
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return results
-
-
-def as_json_lines(result: PlayResult) -> str:
-    return "\n".join(json.dumps(s.as_dict()) for s in result.steps)

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from opsctl.config import HostConfig, Profile
 from opsctl.errors import HostError, LockHeldError
@@ -87,27 +87,58 @@ class HostState:
     ledger: list[dict] = field(default_factory=list)
     service: dict[str, str] = field(default_factory=dict)
     ledger_errors: list[str] = field(default_factory=list)  # "line N: why", for lines skipped on read
+    ledger_exists: bool = True  # False: <root>/ledger.jsonl is not there (never written, or deleted)
 
     @property
     def current_release(self) -> ReleaseInfo | None:
         return self.releases.get(self.current) if self.current else None
 
-    def last_good(self, exclude: str | None = None) -> str | None:
+    def last_good(self, exclude: str | Iterable[str] | None = None) -> str | None:
         """The newest release that was promoted (passed its gates) or put back by a
         rollback, other than `exclude`, that still exists on the host. An operator's
         rollback is not a verdict: a release whose gate verdict failed is never last good,
         even while it serves after `rollback --to RELEASE --force`."""
+        good = self.good_releases(exclude)
+        return good[0] if good else None
+
+    def good_releases(self, exclude: str | Iterable[str] | None = None) -> list[str]:
+        """Every release `last_good` could name, newest first: what a rollback tries in turn
+        when the one before it does not become ready (issue #32 item 5)."""
+        skip = {exclude} if isinstance(exclude, str) else set(exclude or ())
         rejected: set[str] = set()  # rolled back from by the host-side watch after it was promoted
+        out: list[str] = []
         for rec in reversed(self.ledger):
             rel = rec.get("to_release")
             if rec.get("action") == "rollback" and rec.get("result") == "ok" and rec.get("watch") \
                     and rec.get("from_release"):
                 rejected.add(rec["from_release"])
             if rec.get("action") in ("promote", "rollback") and rec.get("result") == "ok" and rel \
-                    and not rec.get("forced") and rel != exclude and rel in self.releases and rel not in rejected \
-                    and self.gate_failed(rel) is None:
-                return rel
+                    and not rec.get("forced") and rel not in skip and rel in self.releases and rel not in rejected \
+                    and rel not in out and self.gate_failed(rel) is None:
+                out.append(rel)
+        return out
+
+    def live_not_ready(self) -> dict | None:
+        """The record that switched to the live release and found it NOT ready (a rollback, the
+        guard's or a controller's, whose target did not start), while no later record switched to
+        it again: the live release is not serving, whatever its old verdict says."""
+        if not self.current:
+            return None
+        for rec in reversed(self.ledger):
+            if rec.get("to_release") != self.current:
+                continue
+            act, res = rec.get("action"), rec.get("result")
+            if act == "rollback" and res == "failed" and rec.get("switched", True):
+                return rec
+            if act in ("promote", "rollback") or (act == "deploy" and res in ("started", "unchanged")):
+                return None
         return None
+
+    @property
+    def ledger_lost(self) -> bool:
+        """Releases are on the host but its ledger is gone (deleted) or empty: no verdict, no last
+        good release can be known from it (issue #32 item 8)."""
+        return bool(self.releases) and not self.ledger and not self.ledger_errors
 
     def gate_failed(self, release: str | None) -> dict | None:
         """The newest gate verdict of `release` if that verdict failed, else None (passed,
@@ -119,8 +150,8 @@ class HostState:
         """Did the newest ledger record about `release` judge it good (promoted, or put
         back by a rollback)? A deploy that started or was interrupted after it did not."""
         for rec in reversed(self.ledger):
-            if rec.get("to_release") != release:
-                continue
+            if rec.get("to_release") != release or rec.get("switched") is False:
+                continue  # (a record that never switched to it says nothing about it)
             if rec.get("action") in ("promote", "rollback"):
                 return rec.get("result") == "ok" and not rec.get("forced") and self.gate_failed(release) is None
             if rec.get("action") == "deploy" and (rec.get("result") == "started" or
@@ -164,14 +195,27 @@ class HostState:
         return None
 
 
+def ledger_lost_problem(host: HostConfig, state: HostState) -> str:
+    """'the ledger <root>/ledger.jsonl on HOST is missing; releases on disk: A (profile, created), B (live)'."""
+    path = host.install_root / "ledger.jsonl"
+    how = "is missing (deleted?)" if not state.ledger_exists else "is empty"
+    return f"the ledger {path} on {host.name} {how}; releases on disk: {releases_on_disk(state)}"
+
+
+def releases_on_disk(state: HostState) -> str:
+    rels = sorted(state.releases.values(), key=lambda r: r.created_at, reverse=True)
+    return ", ".join(f"{r.id} ({r.label}, {r.created_at or 'created ?'}" + (", live" if r.id == state.current else "")
+                     + ")" for r in rels) or "none"
+
+
 def read_state(conn: Connection, host: HostConfig) -> HostState:
     """What is live, what is staged, the ledger and the service, in one round trip."""
     root = str(host.install_root)
-    current, manifests, (records, problems), service = facts.gather(
+    current, manifests, (records, problems), service, exists = facts.gather(
         conn, facts.CurrentRelease(root), facts.ReleaseManifests(root), facts.LedgerRecords(root),
-        facts.ServiceState(host.unit_name))
+        facts.ServiceState(host.unit_name), facts.FileExists(f"{root}/ledger.jsonl"))
     return HostState(current=current, releases={rid: ReleaseInfo(rid, m) for rid, m in manifests.items()},
-                     ledger=records, ledger_errors=problems, service=service)
+                     ledger=records, ledger_errors=problems, service=service, ledger_exists=exists)
 
 
 LEDGER_APPEND = Path(__file__).resolve().parent.parent / "playbooks" / "files" / "opsctl-ledger-append"

@@ -190,7 +190,7 @@ def _level_results(run, baseline, levels: list[int], confidence: float) -> dict[
         if not lv:
             continue
         iv = cf.speedup_interval(cf.rates(cf.samples_of(lv)), cf.rates(cf.samples_of(baseline.at(c))),
-                                 confidence=confidence, seed=c)
+                                 confidence=confidence)
         out[c] = LevelResult(c, sum(x.output_throughput for x in lv) / len(lv), iv.ratio if iv else None,
                              iv.low if iv else None, iv.high if iv else None,
                              len(cf.samples_of(lv)))

@@ -18,7 +18,6 @@ from typing import Sequence
 from pydantic import BaseModel
 
 from opsctl.bench import loadgen
-from opsctl.bench.results import CanaryRecord
 
 DEFAULT_PROMPTS = 8
 DEFAULT_INPUT_LEN = 64
@@ -52,12 +51,3 @@ def compare(baseline: Sequence[Sequence[int]], candidate: Sequence[Sequence[int]
     m = loadgen.compare_canary(baseline, candidate)
     return None if m is None else CanaryMismatch(**m)
 
-
-def compare_records(baseline: CanaryRecord, candidate: CanaryRecord) -> CanaryMismatch | None:
-    """Compare two stored canaries; they must be of the same prompts."""
-    if baseline.prompts != candidate.prompts or baseline.max_new_tokens != candidate.max_new_tokens:
-        raise ValueError("the canaries were decoded from different prompts or lengths; "
-                         "run the candidate with the baseline's canary file")
-    if baseline.outputs is None or candidate.outputs is None:
-        raise ValueError("a canary has no outputs: " + (baseline.error or candidate.error or "not run"))
-    return compare(baseline.outputs, candidate.outputs)

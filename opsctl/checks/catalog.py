@@ -59,6 +59,10 @@ _POST = [
     ("drafter_checksums", "the live release's drafter weights match their manifest's sizes and sha256",
      "the weights on the host were changed or truncated: remove <root>/shared/drafters/DIGEST and redeploy "
      "(the drafter is sent again)"),
+    ("release_files_checksums", "the live release's rendered files and runtime tree (site/) match the sha256 in "
+     "its manifest, and site/ holds no other file",
+     "a file of the release was edited on the host: redeploy its profile ('opsctl deploy ...' stages it again and "
+     "restarts it), or 'opsctl rollback' to another release"),
     ("port_listening", "the service listens on its HTTP port (and the listener is the service)",
      "the server is not up yet or failed: 'journalctl -u UNIT'"),
     ("health_generate", "GET /health_generate on the host answers 200",

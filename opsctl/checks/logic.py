@@ -129,9 +129,11 @@ SWITCHING_ACTIONS = ("deploy", "promote", "rollback")
 
 
 def last_switch_record(ledger: list[dict]) -> dict | None:
-    """The newest ledger record that says which release should be current."""
+    """The newest ledger record that says which release should be current (a record that says it
+    did not switch, `switched: false`, does not: a deploy that failed before its switch, a rollback
+    target whose files were damaged)."""
     for rec in reversed(ledger):
-        if rec.get("action") in SWITCHING_ACTIONS and "to_release" in rec:
+        if rec.get("action") in SWITCHING_ACTIONS and "to_release" in rec and rec.get("switched") is not False:
             return rec
     return None
 

@@ -155,6 +155,10 @@ def test_drafter_checksums(host, hostcfg, probe, detail):
         problems.append(f"{root}/current/drafter does not point at {ddir}")
     if dm.get("digest") and dm["digest"] != digest:
         problems.append(f"{ddir}/manifest.json says digest {dm['digest'][:12]}, the release wants {digest[:12]}")
+    from opsctl.artifacts import DrafterManifest
+
+    if DrafterManifest(files).digest != digest:  # the file list itself edited (a hash or size changed with a file)
+        problems.append(f"{ddir}/manifest.json lists other files or hashes than the release's digest {digest[:12]} names")
     py = str(hostcfg.host_python)
     r = probe.run(f"{shlex.quote(py)} -c {shlex.quote(_HASH_SCRIPT)} {shlex.quote(ddir)} "
                   f"{shlex.quote(json.dumps(sorted(files)))}", timeout=1800)
@@ -172,6 +176,20 @@ def test_drafter_checksums(host, hostcfg, probe, detail):
     assert not problems, f"drafter {digest[:12]} of {release}: {logic.summarize(problems)}"
     total = sum(int(v.get("size", 0)) for v in files.values())
     detail(f"{len(files)} file(s), {total / 2**20:.1f} MiB match manifest {digest[:12]}")
+
+
+def test_release_files_checksums(hostcfg, probe, detail):
+    """The live release's rendered files and runtime tree by full sha256 against its manifest
+    (the drafter: test_drafter_checksums), an added file in site/ included (issue #32 item 9)."""
+    from opsctl.integrity import parse_report, verify_command
+
+    release, _ = _live(probe, hostcfg)
+    r = probe.run(verify_command(hostcfg, release, drafter="none"), timeout=1800)
+    report = parse_report(release, r.stdout)
+    assert report is not None, (f"checking the files of {release} on the host failed (exit {r.rc}): "
+                                f"{logic.one_line(r.stderr, 200)}")
+    assert report.ok, f"release {release} differs from its manifest: {logic.summarize(report.problems)}"
+    detail(f"{report.checked()} of {release} match its manifest")
 
 
 def test_port_listening(host, hostcfg, probe, detail):

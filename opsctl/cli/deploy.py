@@ -87,6 +87,16 @@ def _print_plan(plan: dict) -> None:
             _output.info(f"    {line}")
 
 
+def _verdict_cell(r: dict) -> str:
+    """The status table's verdict: a live release that did not become ready after the switch to it
+    says so, whatever verdict it earned before (issue #32 item 5); a lost ledger says so (item 8)."""
+    if r.get("live_not_ready"):
+        return "NOT READY (rollback failed)"
+    if (r.get("ledger") or {}).get("lost"):
+        return "unknown (ledger missing)" if not r["ledger"].get("exists") else "unknown (ledger empty)"
+    return (r["last_verdict"] or {}).get("status") or ("never judged" if r.get("judged") is False else "-")
+
+
 def _watch_cell(w: dict) -> str:
     state = w.get("state", "-")
     if w.get("mode") and state not in ("off", "not installed"):
@@ -169,7 +179,10 @@ def register(app: typer.Typer) -> None:
                 _output.info("dry run: nothing was changed")
             else:
                 wave = f" ({o.details['wave']} of rollout {o.details['rollout']})" if o.details.get("rollout") else ""
-                _output.info(f"[{o.host}] {o.result}: {o.release}{wave}")
+                fixed = o.details.get("repaired") or []
+                _output.info(f"[{o.host}] {o.result}: {o.release}{wave}"
+                             + (f" ({len(fixed)} file(s) repaired: {', '.join(fixed[:3])}{', ...' if len(fixed) > 3 else ''}"
+                                + ("; restarted and judged again)" if o.result == "repaired" else ")") if fixed else ""))
 
     @app.command("rollback")
     def rollback_cmd(
@@ -179,11 +192,20 @@ def register(app: typer.Typer) -> None:
         reason: str = typer.Option("manual rollback", "--reason", help="Why, for the ledger."),
         force: bool = typer.Option(False, "--force", help="Switch to a release whose gate verdict failed; it serves, "
                                    "but the last good release stays the last one that passed its gate."),
+        quick_verify: bool = typer.Option(False, "--quick-verify", help="Check the drafter by sampled hashes (start, "
+                                          "middle and end of each file) instead of every byte before switching; "
+                                          "the runtime tree and rendered files are always hashed in full."),
         json_out: bool = _common.JsonOpt,
     ) -> None:
         """Switch back to the previous good release (or the one named), wait until it is ready, record it.
 
-        A release whose gate verdict failed is refused (exit 2) unless --force.
+        A release whose gate verdict failed is refused (exit 2) unless --force. Before anything
+        changes: room on the host's disk for the switch and its records (exit 3), and the
+        release's files (rendered files, runtime tree, drafter) against its manifest by full
+        sha256 (exit 6 when they differ). A release that does not become ready is recorded as
+        failed and the next good release (else the baseline) is tried; the command then exits 5
+        naming what serves. With the host's ledger deleted, name the release: --to RELEASE
+        ('opsctl status' lists those on disk).
 
         Examples:
 
@@ -193,7 +215,7 @@ def register(app: typer.Typer) -> None:
         """
         _output.set_json(json_out)
         recs = rollback(_common.inventory(inventory), to, limit=limit, reason=reason,
-                        progress=_StepPrinter(json_out), force=force)
+                        progress=_StepPrinter(json_out), force=force, quick_verify=quick_verify)
         if json_out:
             _output.emit_json({"ok": True, "rollbacks": recs})
         else:
@@ -220,11 +242,21 @@ def register(app: typer.Typer) -> None:
                                  "watch", *(["rollout"] if fleet else [])],
                       [[r["host"], r["release"] or "-", r["profile"] or "-",
                         r.get("budget_schedule") or r["budget"] or "-", f"{r['service']}/{r['sub_state']}", r["since"] or "-", r["restarts"],
-                        (r["last_verdict"] or {}).get("status") or ("never judged" if r.get("judged") is False
-                                                                     else "-"),
+                        _verdict_cell(r),
                         _watch_cell(r.get("watch") or {}), *([r.get("rollout") or "-"] if fleet else [])]
                        for r in rows])
         for r in rows:
+            lost = (r.get("ledger") or {}).get("problem")
+            if lost:
+                _output.error(f"{r['host']}: {lost} (fix: 'opsctl rollback --to RELEASE' puts one of them live and "
+                              "starts a new ledger; 'opsctl deploy PROFILE' judges a release again)")
+            nr = r.get("live_not_ready")
+            if nr:
+                _output.error(f"{r['host']}: the live release {r['release']} did NOT become ready after the switch to it "
+                              f"({nr.get('reason') or 'rollback'}, {nr.get('ts')}): {nr.get('error') or 'not ready'}"
+                              + (f"; also tried: {', '.join(nr['tried'])}" if nr.get("tried") else "")
+                              + f" (fix: see 'journalctl -u {r.get('unit') or 'UNIT'}' on the host, then 'opsctl "
+                                f"rollback --to RELEASE' or deploy again)")
             u = r.get("unfinished_deploy")
             if u:
                 if u.get("result") == "interrupted":
@@ -235,8 +267,10 @@ def register(app: typer.Typer) -> None:
                     _output.info(f"[{r['host']}] note: the deploy of {u.get('to_release')} started {u.get('ts')} "
                                  "has not finished (running now, or its controller died; the host's guard timer "
                                  "reverts an unconfirmed release)")
-            if r["release"] and r.get("judged") is False and ((r.get("last_verdict") or {}).get("status")
-                                                               not in (None, "pass")):
+            if nr or lost:
+                pass  # said above
+            elif r["release"] and r.get("judged") is False and ((r.get("last_verdict") or {}).get("status")
+                                                                 not in (None, "pass")):
                 _output.info(f"[{r['host']}] note: the live release {r['release']} failed its gate "
                              f"({r['last_verdict']['status']}); the last good release is {r.get('last_good') or 'none'}")
             elif r["release"] and r.get("judged") is False:
@@ -244,7 +278,8 @@ def register(app: typer.Typer) -> None:
                              f"release is {r.get('last_good') or 'none'}")
             lv = r.get("last_verdict")
             if lv:
-                _output.info(f"[{r['host']}] verdict of {lv['release']}: {lv['status']} ({lv['ts']})")
+                _output.info(f"[{r['host']}] verdict of {lv['release']}: {lv['status']} ({lv['ts']})"
+                             + ("; its gate then, it does not serve now" if nr else ""))
             for p in r.get("ledger_problems") or []:
                 _output.error(f"{r['host']}: ledger {p} (skipped)")
 

@@ -107,17 +107,24 @@ def _progress_relay(progress: Callable[[Any], None] | None, rnd: int = 0) -> Cal
 
 
 def measure(conn: Connection, host: HostConfig, policy, *, make_canary: bool = False, canary_file: str | None = None,
-            progress: Callable[[Any], None] | None = None, meta: dict | None = None, baseline=None):
+            progress: Callable[[Any], None] | None = None, meta: dict | None = None, baseline=None, prior=None):
     """Run the policy's bench on the host itself (network out of the numbers), on the
     policy's workload mix, level by level in rounds of max(C, requests_per_level) requests.
 
     With a `baseline`, a level stops as soon as its speedup interval clears the gate's
-    threshold either way (opsctl/confidence.py), or at `max_requests`: a clear win or loss
-    costs fewer requests than a close call. Without one (a baseline being measured) every
-    level runs to `max_requests`, so later candidates have all of its samples."""
+    threshold either way (`gates.throughput_decision`: the interval's confidence is spread over
+    the level's planned looks, so stopping early costs no error), or at `max_requests`: a clear
+    win or loss costs fewer requests than a close call. Without one (a baseline being measured)
+    every level runs to `max_requests`, so later candidates have all of its samples.
+
+    `prior`: the first measurement, when this is the gate's re-measure. Its rounds go on where
+    the first stopped: each look counts the first's samples too, a level the first already
+    decided is not measured again (its decision stands), and the round numbers continue (the
+    requests are new ones)."""
     from opsctl import confidence as cf
     from opsctl.bench.results import from_records
     from opsctl.bench.workloads import WorkloadSet, mix_key
+    from opsctl.gates import throughput_decision
 
     remote = f"{host.install_root}/bin/opsctl-loadgen.py"
     if not conn.run(f"test -f {remote}", check=False).ok:
@@ -135,10 +142,14 @@ def measure(conn: Connection, host: HostConfig, policy, *, make_canary: bool = F
         per_round = max(int(level), policy.requests_per_level)
         cap = max(policy.max_requests, per_round)
         base_rates = cf.rates(cf.samples_of(baseline.at(level))) if baseline is not None else None
-        thr = (1 + policy.min_speedup) if level == policy.speedup_concurrency else (1 - policy.max_regression)
+        before = cf.rates(cf.samples_of(prior.at(level))) if prior is not None else []
+        first_rounds = policy.rounds_at(level) if prior is not None else 0
+        if base_rates and before and throughput_decision(policy, level, before, base_rates)[1] != "inconclusive":
+            stopped[level] = "decided by the first measurement"
+            continue
         sent, rnd = 0, 0
         while sent < cap:
-            reqs = ws.select(per_round, seed=policy.seed, level=level, repeat=rnd)
+            reqs = ws.select(per_round, seed=policy.seed, level=level, repeat=first_rounds + rnd)
             body = "".join(json.dumps({"level": level, "repeat": 0, **r.payload(policy.output_len)}) + "\n"
                            for r in reqs)
             path = f"{workdir}/requests-c{level}-r{rnd}.jsonl"
@@ -152,11 +163,11 @@ def measure(conn: Connection, host: HostConfig, policy, *, make_canary: bool = F
             sent += per_round
             rnd += 1
             if base_rates is not None:
-                cand = cf.rates(cf.samples_of(r for r in records if r.get("max_concurrency") == level))
-                iv = cf.speedup_interval(cand, base_rates, confidence=policy.confidence, seed=level)
-                decision = cf.decide(iv, thr, policy.min_requests)
+                cand = before + cf.rates(cf.samples_of(r for r in records if r.get("max_concurrency") == level))
+                decision = throughput_decision(policy, level, cand, base_rates)[1]
                 if decision != "inconclusive":
-                    stopped[level] = f"{decision} after {sent} requests"
+                    stopped[level] = (f"{decision} after {sent} requests (round {first_rounds + rnd}; "
+                                      f"{policy.looks_at(level)} looks planned)")
                     break
         else:
             stopped[level] = f"cap of {sent} requests"
@@ -170,7 +181,8 @@ def measure(conn: Connection, host: HostConfig, policy, *, make_canary: bool = F
     run = from_records(records, meta={"host": host.name, "workload_mix": mix_key(policy.workloads),
                                       "seed": policy.seed, "output_len": policy.output_len,
                                       "stopped": {str(k): v for k, v in stopped.items()}, **(meta or {})})
-    if not run.levels:
+    if not run.levels and not (prior is not None and len(stopped) == len(policy.concurrency)
+                               and all(v.startswith("decided by") for v in stopped.values())):
         raise HostError(f"bench on {host.name} produced no level results", "run opsctl bench by hand and read its output")
     return run
 

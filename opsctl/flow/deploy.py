@@ -23,13 +23,13 @@ from opsctl.errors import ConfigError, DeployFailed, OpsctlError
 from opsctl.flow.bench import require_baseline
 from opsctl.flow.checks import run_post_checks, run_pre_checks
 from opsctl.flow.judge import bench_and_judge
-from opsctl.flow.plan import Plan, make_plan
-from opsctl.flow.promote import rollback_host, fallback_release, prune, roll_back_after_failure
+from opsctl.flow.plan import LEDGER_ROOM, Plan, make_plan
+from opsctl.flow.promote import fallback_release, fallback_releases, prune, roll_back_after_failure, rollback_host
 from opsctl.flow.ready import crash_cause, wait_ready, with_start_diagnosis
 from opsctl.flow.rollout import Wave, new_rollout_id, plan_waves, rollout_policy, sleep_soak, wave_failed
 from opsctl.flow.stage import stage_wave
 from opsctl.flow.steps import Progress, Steps, as_inventory, noop
-from opsctl.flow.switch import arm_guard, disarm_guard, switch
+from opsctl.flow.switch import arm_guard, disarm_guard, require_room, switch
 from opsctl.flow.validate import validate_release
 from opsctl.host import facts
 from opsctl.host.connection import Connection, connect
@@ -409,28 +409,39 @@ def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile,
            gates: bool, *, staged: tuple, checks: bool = True, trial: Callable | None = None) -> DeployOutcome:
     play, sync = staged
     details = {"ansible_changed": play.changed, "drafter_bytes_sent": sync.bytes_sent if sync else 0}
-    if plan.is_live and plan.state.judged(plan.release) and trial is None:
+    repairs = plan.repairs
+    if repairs:
+        details["repaired"] = repairs
+    if plan.is_live and plan.state.judged(plan.release) and trial is None and not repairs:
         append_ledger(conn, host, {"action": "deploy", "result": "unchanged", "from_release": plan.release,
                                    "to_release": plan.release, "profile": profile.name, "budget": profile.budget,
                                    "reason": "already live", "ansible_changed": play.changed,
                                    "drafter_bytes_sent": details["drafter_bytes_sent"]})
         return DeployOutcome(host.name, plan.release, "unchanged", plan.as_dict(), details)
-    if plan.is_live:
+    if plan.is_live and repairs:
+        steps.note(f"release {plan.release} is live and this deploy repaired {len(repairs)} file(s) it had loaded "
+                   f"({', '.join(repairs[:3])}{', ...' if len(repairs) > 3 else ''}): restarting it and running "
+                   f"every gate again")
+    elif plan.is_live:
         steps.note(f"release {plan.release} is live but was never judged (its deploy was interrupted or killed): "
                    f"restarting it and running every gate again")
     previous = plan.previous
     # what a failure, an interrupt or the guard puts back: the last judged-good release (or the
-    # baseline), never a release nobody judged, whatever happens to be live
-    fallback = fallback_release(plan.state, host, exclude=plan.release)
+    # baseline), then earlier good ones when it does not become ready; never a release nobody
+    # judged, whatever happens to be live
+    fallbacks = fallback_releases(plan.state, host, exclude=plan.release)
+    fallback = fallbacks[0] if fallbacks else None
+    # room for the switch and the records after it, checked before the first of them (issue #32 item 7)
+    require_room(conn, host, LEDGER_ROOM, doing="the switch of this deploy")
     switched = started = False
     try:
         with BRAKE.held():  # these three run whole: a signal here is acted on right after the switch
             append_ledger(conn, host, {"action": "deploy", "result": "started", "from_release": previous,
                                        "to_release": plan.release, "fallback": fallback, "profile": profile.name,
-                                       "budget": profile.budget})
+                                       "budget": profile.budget, **({"repairs": repairs} if repairs else {})})
             started = True
-            if fallback:
-                arm_guard(conn, host, fallback, host.settings.guard_s or profile.readiness_timeout_s + 1800,
+            if fallbacks:
+                arm_guard(conn, host, fallbacks, host.settings.guard_s or profile.readiness_timeout_s + 1800,
                           expect=plan.release)
             t0 = steps.start("switch", f"{previous or 'none'} -> {plan.release}")
             since = switch(conn, host, plan.release)
@@ -478,7 +489,7 @@ def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile,
             append_ledger(conn, host, {"action": "deploy", "result": "interrupted", "step": step, "switched": True,
                                        "signal": exc.signal_name, "from_release": previous,
                                        "to_release": plan.release, "profile": profile.name, "budget": profile.budget})
-            back = roll_back_after_failure(conn, host, plan, fallback, f"interrupted ({exc.signal_name}) during {step}",
+            back = roll_back_after_failure(conn, host, plan, fallbacks, f"interrupted ({exc.signal_name}) during {step}",
                                             None, steps)
         raise Interrupted(f"{exc.problem} during {step}, after the switch: {back}",
                           "'opsctl status' shows what serves; deploy again when ready",
@@ -493,13 +504,15 @@ def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile,
         if crash and crash not in reason:
             reason = f"{reason}; the server logged: {crash}"
         with BRAKE.shielded(f"rolling back to {fallback or 'nothing (stopping the service)'}"):
-            back = roll_back_after_failure(conn, host, plan, fallback, reason, exc, steps)
+            back = roll_back_after_failure(conn, host, plan, fallbacks, reason, exc, steps)
         raise DeployFailed(f"{reason}; {back}", exc.fix, details={**exc.details, **details}) from None
     disarm_guard(conn, host)
     append_ledger(conn, host, {"action": "promote", "result": "ok", "from_release": previous,
                                "to_release": plan.release, "profile": profile.name, "budget": profile.budget,
                                "reason": "gates passed" if gates else "gates skipped (--no-gate)",
-                               **{k: v for k, v in details.items() if k in ("ready_s", "drafter_bytes_sent")}})
+                               **{k: v for k, v in details.items() if k in ("ready_s", "drafter_bytes_sent", "repaired")}})
     prune(conn, host)
-    return DeployOutcome(host.name, plan.release, "promoted", plan.as_dict(), details)
+    # a live release whose files this deploy repaired is reported as such, never "unchanged"
+    return DeployOutcome(host.name, plan.release, "repaired" if repairs and plan.is_live else "promoted",
+                         plan.as_dict(), details)
 

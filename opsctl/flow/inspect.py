@@ -10,7 +10,7 @@ from opsctl.errors import ConfigError
 from opsctl.flow.bench import has_baseline, load_baseline, run_from_text
 from opsctl.flow.steps import as_inventory
 from opsctl.host.connection import connect
-from opsctl.releases import read_state
+from opsctl.releases import ledger_lost_problem, read_state
 
 # --------------------------------------------------------------------------- status / history
 
@@ -28,10 +28,12 @@ def status(inventory: str | Path | Inventory, *, limit: str | None = None) -> li
         cur = state.current_release
         verdict = state.verdict_for(state.current)  # the live release's own verdict, never another's
         unfinished = state.interrupted_deploy()
+        not_ready = state.live_not_ready()  # a rollback (the guard's too) whose release did not start (item 5)
         out.append({
             "host": host.name, "release": state.current, "profile": cur.profile if cur else None,
             "budget": cur.budget if cur else None, "budget_schedule": cur.budget_schedule if cur else None,
             "verify_width": cur.manifest.get("verify_width") if cur else None,
+            "unit": host.unit_name,
             "service": state.service.get("ActiveState"), "sub_state": state.service.get("SubState"),
             "since": state.service.get("ActiveEnterTimestamp"), "restarts": state.service.get("NRestarts"),
             "judged": state.judged(state.current) if state.current else None,
@@ -42,8 +44,17 @@ def status(inventory: str | Path | Inventory, *, limit: str | None = None) -> li
                                                                   "from_release", "signal", "who")}
                                   if unfinished else None),
             "last_good": state.last_good(),
+            "live_not_ready": ({k: not_ready.get(k) for k in ("ts", "from_release", "reason", "error", "who", "tried")
+                                if not_ready.get(k) is not None} if not_ready else None),
             "ledger_problems": state.ledger_errors,
+            # the ledger deleted (or emptied) with releases on disk: nothing can be judged from it (item 8)
+            "ledger": {"path": str(host.install_root / "ledger.jsonl"), "exists": state.ledger_exists,
+                       "records": len(state.ledger), "lost": state.ledger_lost,
+                       "problem": ledger_lost_problem(host, state) if state.ledger_lost else None},
             "releases": sorted(state.releases), "baseline": state.baseline(host.baseline_profile),
+            "releases_on_disk": [{"id": r.id, "profile": r.label, "created_at": r.created_at,
+                                  "live": r.id == state.current}
+                                 for r in sorted(state.releases.values(), key=lambda r: r.created_at, reverse=True)],
             "watch": watch_state,
             "rollout": _live_rollout(state),
         })

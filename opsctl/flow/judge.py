@@ -50,7 +50,8 @@ def bench_and_judge(conn: Connection, host: HostConfig, profile: Profile, releas
     steps.done("bench", t0, summary_line(first))
     t1 = steps.start("judge", f"against the {host.baseline_profile} baseline")
     verdict, run = judge_with_remeasure(
-        lambda: measure(conn, host, policy, canary_file=canary_path, meta=meta, baseline=baseline), baseline, policy,
+        lambda: measure(conn, host, policy, canary_file=canary_path, meta=meta, baseline=baseline, prior=first),
+        baseline, policy,
         profile_kind=profile.kind, canary_mismatch=first.canary.mismatch if first.canary else None,
         canary_ran=bool(first.canary and first.canary.compared), first=first,
         undrafted_levels=undrafted_levels(profile, policy.concurrency))
@@ -91,8 +92,19 @@ def _row(r) -> dict:
             "delta": f(r.delta_pct, "%+.1f%%"), "ITL p50 base": f(r.baseline_itl_p50_ms, "%.2f ms"),
             "ITL p50 rel": f(r.candidate_itl_p50_ms, "%.2f ms"), "accept": f(r.accept_length, "%.2f"),
             "errors": r.errors,
-            "CI": (f"[{r.low_pct:+.1f}, {r.high_pct:+.1f}] % n={r.samples}" if r.low_pct is not None else "-"),
+            "CI": _ci_text(r),
             "status": r.why or r.status}
+
+
+def _ci_text(r) -> str:
+    """The judged interval with what it rests on: `[+3.1, +22.0] % (90 % over 6 looks, log-t, 16 vs 48 requests)`."""
+    if r.low_pct is None:
+        return "-"
+    hi = "+inf" if r.high_pct is None else f"{r.high_pct:+.1f}"
+    looks = f" over {r.looks} looks" if r.looks and r.looks > 1 else ""
+    conf = f"{r.confidence_pct:.0f} %{looks}, " if r.confidence_pct is not None else ""
+    return (f"[{r.low_pct:+.1f}, {hi}] % ({conf}{r.method or 'interval'}, {r.samples} vs "
+            f"{r.baseline_samples if r.baseline_samples is not None else '?'} requests)")
 
 
 def store_release_bench(conn: Connection, host: HostConfig, release: str, run) -> None:

@@ -107,10 +107,13 @@ def _release_vars(plan: Plan, env_wheelhouse: str) -> dict:
     host = plan.host
     existing = plan.state.releases.get(plan.release)
     manifest = existing.manifest if existing else plan.manifest()
+    if existing and plan.restage:  # staged again: the manifest as this opsctl writes it, its first date kept
+        manifest = {**plan.manifest(), "created_at": existing.created_at or plan.manifest()["created_at"]}
     files = {**plan.rendered.release_files, "manifest.json": json.dumps(manifest, indent=1, sort_keys=True) + "\n"}
     s = host.settings
     return {
         "opsctl_root": str(host.install_root), "opsctl_release_id": plan.release,
+        "opsctl_restage": bool(plan.restage),   # the release on the host differs from its manifest: replace it
         # base64: extra vars are templated by Ansible, and a rendered file may hold "{{" or "{#"
         "opsctl_release_files": [{"path": name, "content_b64": base64.b64encode(text.encode()).decode(), "mode": "0644"}
                                  for name, text in sorted(files.items())],

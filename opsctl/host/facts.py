@@ -229,6 +229,20 @@ class DiskFree(Fact["int | None"]):
 
 
 @dataclass(frozen=True)
+class FileExists(Fact[bool]):
+    """Whether a path exists on the host. Only a clear "no" is False: output cut short is not
+    read as a missing file (the ledger's absence is reported to the operator, issue #32 item 8)."""
+
+    path: str
+
+    def command(self) -> str:
+        return f"if [ -e {shlex.quote(str(self.path))} ]; then echo yes; else echo no; fi"
+
+    def process(self, stdout: str) -> bool:
+        return stdout.strip() != "no"
+
+
+@dataclass(frozen=True)
 class CurrentRelease(Fact["str | None"]):
     """The release the `current` link points at (None: no link)."""
 

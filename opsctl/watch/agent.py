@@ -793,9 +793,17 @@ class Watch:
             res = _run(["journalctl", "-u", self.unit, f"--since=@{since}", "-o", "cat", "--no-pager"], timeout=30)
             if READY_LINE in res.stdout and http_get(url, timeout=25)[0] == 200:
                 return time.monotonic() - t0, None
-            show = _run(["systemctl", "show", self.unit, "-p", "ActiveState", "--value"], timeout=10).stdout.strip()
-            if show == "failed":
+            show = _run(["systemctl", "show", self.unit, "-p", "ActiveState", "-p", "SubState", "-p", "NRestarts"],
+                        timeout=10).stdout
+            props = dict(line.split("=", 1) for line in show.splitlines() if "=" in line)
+            # a start that fails is known at once (issue #32 item 5), not after the readiness timeout
+            if props.get("ActiveState") == "failed":
                 return None, f"{self.unit} failed while starting the baseline"
+            restarts = props.get("NRestarts", "0")
+            if props.get("SubState") == "auto-restart" or (restarts.isdigit() and int(restarts) > 0):
+                return None, (f"{self.unit} exited while starting the baseline and systemd scheduled a restart "
+                              f"({props.get('ActiveState')}/{props.get('SubState')}, NRestarts "
+                              f"{restarts})")
             time.sleep(0.5)
         return None, f"the baseline was not ready after {timeout:.0f} s"
 

@@ -118,7 +118,7 @@ def test_cli_and_plain_pytest_on_good_host(lab, inv):
                            "--pyargs", "opsctl.checks", "--inventory", str(inv.path), "-q"],
                           capture_output=True, text=True, timeout=300, cwd="/")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert "21 passed" in proc.stdout, proc.stdout[-2000:]
+    assert "22 passed" in proc.stdout, proc.stdout[-2000:]   # 11 pre, 11 post (release_files_checksums: #32)
 
 
 def test_unit_file_edited_on_host_is_drift(lab, inv):
@@ -153,6 +153,23 @@ def test_truncated_weights_fail_checksums(lab, inv):
         assert f"{victim}: 1000 bytes" in msg, msg
     finally:
         sh(lab, f"cat {backup} > {ddir}/{victim} && rm -f {backup}")
+
+
+def test_a_file_added_to_the_live_releases_runtime_tree_fails_its_checksums(lab, inv):
+    """Issue #32 item 9 — WRITTEN WITHOUT BEING RUN: a module dropped into the live release's site/
+    (it runs with the server) is found by a full check of the release's files, and only that check fails."""
+    host = inv.hosts["lab"]
+    rel = sh(lab, f"readlink -f {host.install_root}/current").strip()
+    try:
+        sh(lab, f"printf 'import os\\n' > {rel}/site/sitecustomize.py")
+        report = run_checks(inv, "post")
+        only_fails(report, "release_files_checksums")
+        msg = report.result("release_files_checksums").message
+        assert "site/sitecustomize.py: not part of the release's runtime" in msg, msg
+        sh(lab, f"rm -f {rel}/site/sitecustomize.py && echo '# edited' >> {rel}/sglang.env")
+        only_fails(run_checks(inv, "post"), "release_files_checksums")
+    finally:
+        sh(lab, f"rm -f {rel}/site/sitecustomize.py; sed -i '/^# edited$/d' {rel}/sglang.env")
 
 
 def test_leftover_gpu_process(lab, inv):

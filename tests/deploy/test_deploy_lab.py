@@ -223,5 +223,10 @@ def test_controller_killed_after_switch_the_host_reverts_by_itself(clean_lab, op
     while time.monotonic() < deadline and health(clean_lab) != 200:
         time.sleep(1)
     assert health(clean_lab) == 200
+    # the guard records `ok` once the release it switched to is ready (issue #32 item 5): a moment after /health
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and ledger(clean_lab)[-1].get("reason") != "guard-timeout":
+        time.sleep(0.5)
     last = ledger(clean_lab)[-1]
     assert last["action"] == "rollback" and last["reason"] == "guard-timeout" and last["to_release"] == before["current"]
+    assert last["result"] == "ok" and last.get("ready_s") is not None

@@ -9,6 +9,7 @@ import pytest
 from opsctl.errors import DeployFailed, HostError
 from opsctl.flow import promote
 from opsctl.flow.steps import Steps
+from opsctl.integrity import Integrity
 
 
 @pytest.fixture
@@ -21,16 +22,19 @@ def calls(monkeypatch):
     monkeypatch.setattr(promote, "release_profile", lambda info, host: None)
     monkeypatch.setattr(promote, "append_ledger",
                         lambda conn, host, rec: log.append(f"ledger {rec['action']} {rec['result']}") or rec)
+    monkeypatch.setattr(promote, "check_release_files", lambda conn, host, rel, quick=False: Integrity(rel))
     return log
 
 
 def _plan():
     return SimpleNamespace(release="ddtree-b16-bad", profile=SimpleNamespace(name="ddtree", budget=16),
-                           state=SimpleNamespace(releases={}))
+                           state=SimpleNamespace(releases={}, good_releases=lambda exclude=None: [],
+                                                 baseline=lambda profile: None))
 
 
 def _roll(target):
-    return promote.roll_back_after_failure(object(), SimpleNamespace(name="h"), _plan(), target, "gate failed",
+    return promote.roll_back_after_failure(object(), SimpleNamespace(name="h", baseline_profile="ar-tp8"), _plan(),
+                                           target, "gate failed",
                                            None, Steps(None, "h"))
 
 
@@ -85,6 +89,7 @@ def test_manual_rollback_disarms_after_its_switch(calls, monkeypatch):
     monkeypatch.setattr(promote, "read_state", lambda conn, host: state)
     monkeypatch.setattr(promote, "_rollback_target", lambda host, st, to, force=False: "ar-tp8-good")
     monkeypatch.setattr(promote, "HostLock", lambda conn, host, action: _NullLock())
+    monkeypatch.setattr(promote, "require_room", lambda conn, host, doing="": None)
     promote.rollback_host(SimpleNamespace(name="h"), None, "manual", None)
     assert calls == ["switch ar-tp8-good", "disarm", "ready", "ledger rollback ok"]
 

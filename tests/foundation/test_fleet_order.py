@@ -312,7 +312,10 @@ def test_an_interrupt_mid_rollout_puts_back_the_hosts_that_took_the_release(tmp_
 def test_a_host_with_fewer_gpus_than_the_profile_needs_is_refused_before_any_host_io(tmp_path, monkeypatch):
     inv_dir = _fleet(tmp_path, 3)
     (inv_dir / "host_vars").mkdir(exist_ok=True)
-    (inv_dir / "host_vars" / "gpu3.yml").write_text("opsctl:\n  gpu:\n    count: 4\n")
+    # a host's opsctl: is its whole mapping, as Ansible reads it (a mapping set twice is replaced)
+    full = yaml.safe_load((inv_dir / "group_vars" / "all.yml").read_text())["opsctl"]
+    full["gpu"]["count"] = 4
+    (inv_dir / "host_vars" / "gpu3.yml").write_text(yaml.safe_dump({"opsctl": full}))
     inv = load_inventory(inv_dir)
 
     def must_not_run(*a, **kw):
@@ -324,7 +327,7 @@ def test_a_host_with_fewer_gpus_than_the_profile_needs_is_refused_before_any_hos
     assert "host gpu3 has opsctl.gpu.count 4" in exc.value.problem and "8 GPUs" in exc.value.problem
     assert "host_vars/gpu3.yml" in exc.value.fix
     # per-host profile overrides from host_vars make it fit: the other hosts keep tp 8
-    (inv_dir / "host_vars" / "gpu3.yml").write_text("opsctl:\n  gpu:\n    count: 4\n"
-                                                    "  profiles:\n    ar-tp8: {tp_size: 4}\n")
+    full["profiles"]["ar-tp8"] = {"tp_size": 4}
+    (inv_dir / "host_vars" / "gpu3.yml").write_text(yaml.safe_dump({"opsctl": full}))
     inv = load_inventory(inv_dir)
     assert [h.profile("ar-tp8").tp_size for h in inv.hosts.values()] == [8, 8, 4]

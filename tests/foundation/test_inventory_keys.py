@@ -102,9 +102,11 @@ def test_a_typo_at_every_level_is_refused_with_file_line_and_did_you_mean(inv, o
 def test_a_typo_in_a_host_vars_file_names_that_file(inv):
     (inv / "host_vars").mkdir()
     hv = inv / "host_vars/lab.yml"
-    hv.write_text("# per host\nopsctl:\n  gate:\n    repeats: 2\n    warmups: 1\n")
+    # the host's complete opsctl: mapping (Ansible replaces a mapping set at two levels), with a typo
+    hv.write_text("# per host\n" + (inv / "group_vars/all.yml").read_text())
+    line = edit(hv, "    warmup: 2\n", "    warmup: 2\n    warmups: 1\n") + 1
     msg = load_error(inv).one_line()
-    assert f"{hv}:5: host lab: unknown key opsctl.gate.warmups: did you mean 'warmup'?" in msg, msg
+    assert f"{hv}:{line}: host lab: unknown key opsctl.gate.warmups: did you mean 'warmup'?" in msg, msg
 
 
 def test_a_typo_inline_in_hosts_yml_names_hosts_yml(inv):

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from opsctl.config import load_inventory
 from opsctl.errors import ConfigError, HostError
@@ -94,8 +95,10 @@ def test_jump_host_as_an_opsctl_key_and_both_forms_agreeing(tmp_path):
     inv2 = inventory(tmp_path / "b", 'ansible_ssh_common_args: "-o ProxyJump=ops@bastion.example:2222"\n',
                      "  ssh_jump_host: ops@bastion.example:2222\n")
     assert load_inventory(inv2).hosts["lab"].ssh.jump_host.spec == "ops@bastion.example:2222"
-    # host_vars can take a group's jump away again
-    inv3 = inventory(tmp_path / "c", "opsctl:\n  ssh_jump_host: null\n", "  ssh_jump_host: bastion\n")
+    # host_vars can take a group's jump away again (the host's whole opsctl: mapping, as Ansible reads it)
+    full = yaml.safe_load((REPO / "inventories/lab/group_vars/all.yml").read_text())["opsctl"]
+    inv3 = inventory(tmp_path / "c", yaml.safe_dump({"opsctl": {**full, "ssh_jump_host": None}}),
+                     "  ssh_jump_host: bastion\n")
     assert load_inventory(inv3).hosts["lab"].ssh.jump_host is None
 
 

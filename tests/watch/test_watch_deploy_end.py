@@ -109,14 +109,15 @@ def test_a_deploy_that_fails_before_its_switch_records_its_end(monkeypatch):
 
     ledger: list[dict] = []
     monkeypatch.setattr(deploy, "append_ledger", lambda conn, host, rec: ledger.append(rec) or rec)
-    monkeypatch.setattr(deploy, "fallback_release", lambda state, host, exclude: "ddtree-b16-a")
+    monkeypatch.setattr(deploy, "fallback_releases", lambda state, host, exclude: ["ddtree-b16-a"])
+    monkeypatch.setattr(deploy, "require_room", lambda *a, **k: None)
 
     def guard_fails(*a, **k):
         raise HostError("systemd-run failed")
 
     monkeypatch.setattr(deploy, "arm_guard", guard_fails)
     plan = SimpleNamespace(release="ddtree-b8-t1", previous="ddtree-b16-a", is_live=False,
-                           state=SimpleNamespace(judged=lambda r: False))
+                           state=SimpleNamespace(judged=lambda r: False), repairs=[])
     profile = SimpleNamespace(name="ddtree", budget=8, readiness_timeout_s=60)
     plan.profile = profile
     host = SimpleNamespace(name="h", settings=SimpleNamespace(guard_s=None))

@@ -40,7 +40,9 @@ class _Receiver(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def _inventory(lab, dest, port: int, mode: str = "rollback", window: int = WINDOW, restart_sec: int = 30):
+def _inventory(lab, dest, port: int, mode: str = "rollback", window: int = WINDOW, restart_sec: int = 6):
+    # restart_sec: a window of 10 s holds the restarts rule's 2 failures only when they come at most
+    # window - 2 x interval = 6 s apart (a longer RestartSec is refused at load, issue #32 item 6)
     shutil.copytree(lab.inventory_dir, dest)
     gv = dest / "group_vars/all.yml"
     gv.write_text(gv.read_text() + f"""  restart_sec: {restart_sec}
@@ -284,3 +286,20 @@ def test_crash_loop_is_rolled_back(wl, ops):
     assert rec["action"] == "rollback" and rec["from_release"] == ddt["release"] and rec["result"] == "ok"
     restarts = next(b for b in rec["watch"]["breaches"] if b["rule"] == "restarts")
     assert restarts["observed"] >= 2 and "illegal memory access" in json.dumps(rec["watch"])
+
+
+def test_a_window_shorter_than_the_units_restart_delay_is_refused_before_anything_changes(wl, ops, snapshot,
+                                                                                            tmp_path):
+    """Issue #32 item 6 — WRITTEN WITHOUT BEING RUN. The probe's inventory (a 20 s window, the unit's
+    RestartSec 30 s) let a crash loop end at the unit's start limit unseen; it is now refused when
+    the inventory loads: exit 2, one line naming the setting and the fix, nothing on the host changed.
+    (The accepted case, restart_sec 3 in a 45 s window, is test_crash_loop_is_rolled_back.)"""
+    inv = _inventory(wl.lab, tmp_path / "short", 1, window=20, restart_sec=30)
+    before = snapshot(wl.lab)
+    for args in (("deploy", "ddtree", "--budget", "8", *FAST), ("watch", "status")):
+        proc = ops(*args, inventory=inv)
+        assert proc.returncode == 2, proc.stderr
+        lines = [x for x in proc.stderr.splitlines() if x.strip()]
+        assert len(lines) == 1 and "opsctl.watch.window_s 20 is shorter than the restarts rule needs" in lines[0]
+        assert "(fix: raise opsctl.watch.window_s to 34, or lower opsctl.restart_sec to 16)" in lines[0]
+    assert snapshot(wl.lab) == before

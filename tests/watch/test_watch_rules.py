@@ -205,7 +205,8 @@ def _inv(tmp_path, watch_yaml: str):
 
 
 def test_watch_settings_from_the_inventory(tmp_path):
-    inv = _inv(tmp_path, "  watch:\n    enabled: true\n    interval_s: 5\n    window_s: 30\n    min_samples: 3\n"
+    inv = _inv(tmp_path, "  restart_sec: 20\n  watch:\n    enabled: true\n    interval_s: 5\n    window_s: 30\n"
+                         "    min_samples: 3\n"
                          "    notify: {url: 'http://10.203.9.1:8099/hook'}\n"
                          "    rules:\n      ddtree: {accept_len_floor: 3.0}\n")
     host = load_inventory(inv).hosts["lab"]
