@@ -30,6 +30,11 @@ def _print_status(rep: dict) -> None:
                  f"{unit.get('ActiveState')}, pid {unit.get('MainPID')}, started {rep.get('watch_starts')}x)")
     _output.info(f"[{host}] release {last.get('release') or '-'} ({last.get('profile') or '-'}), last verdict "
                  f"{last.get('verdict') or '-'}")
+    if rep.get("failing"):
+        f = rep["failing"]
+        _output.info(f"[{host}] FAILING: no tick has completed for {f['seconds']:.0f}s "
+                     f"({f.get('error') or 'see journalctl -u ' + str(unit.get('name'))}); what follows is from the "
+                     "last tick that did (a full disk? fix: free space on the host; the watch goes on by itself)")
     if rep.get("paused"):
         p = rep["paused"]
         _output.info(f"[{host}] PAUSED by {p.get('by')} at {p.get('ts')}: {p.get('reason')}")

@@ -28,11 +28,11 @@ def fallback_releases(state: HostState, host: HostConfig, exclude: str | Iterabl
     (or put back by a rollback), newest first, then the baseline release; never one nobody
     judged. Empty: nothing to go back to (the service stops)."""
     skip = {exclude} if isinstance(exclude, str) else set(exclude or ())
-    out = state.good_releases(exclude=skip)[:limit]
     base = state.baseline(host.baseline_profile)
-    if base and base not in skip and base not in out:
-        out = out[:limit - 1] + [base]   # the baseline is always the last resort
-    return out
+    if not base or base in skip:
+        return state.good_releases(exclude=skip)[:limit]
+    # the baseline is always the last resort, also when it served more recently than another good one
+    return [r for r in state.good_releases(exclude=skip) if r != base][:limit - 1] + [base]
 
 
 def fallback_release(state: HostState, host: HostConfig, exclude: str | None) -> str | None:

@@ -169,7 +169,8 @@ def set_fault(name: str, host: "int | str | None" = None, **params) -> dict:
     node = C.resolve_node(host)
     key = normalise(name)
     # every emulator fault can be scoped to one --speculative-algorithm ("DDTREE", "none" = autoregressive)
-    allowed = set(ALL[key]["params"]) | ({"algorithm"} if key in EMULATOR_FAULTS else set())
+    # and to one --speculative-num-draft-tokens (a DDTree budget + 1)
+    allowed = set(ALL[key]["params"]) | ({"algorithm", "num_draft_tokens"} if key in EMULATOR_FAULTS else set())
     unknown = set(params) - allowed
     if unknown:
         raise ConfigError(f"fault {key} has no parameter(s) {', '.join(sorted(unknown))}",

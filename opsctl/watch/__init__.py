@@ -120,6 +120,8 @@ def summary(rep: dict) -> dict:
     last = rep.get("last") or {}
     if unit.get("ActiveState") not in ("active", "activating", "reloading"):
         state = f"down ({unit.get('ActiveState') or 'no unit'})"
+    elif rep.get("failing"):
+        state = "failing"   # its ticks fail: the last state it saved is not what it sees now
     else:
         state = last.get("state") or "starting"
     tripped = rep.get("tripped") or None

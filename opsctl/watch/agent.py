@@ -887,6 +887,20 @@ def redacted_notify(notify) -> dict:
     return note
 
 
+def _failing(cfg: dict, st: dict, props: dict, now: float | None = None) -> dict | None:
+    """The watch runs but its ticks fail (a full disk: its state cannot be saved, so the state file
+    still shows the last tick that worked): how long since that tick and the journal's last
+    `tick failed` line (issue #32 item 1: `watch status` said `idle` meanwhile). None: ticking."""
+    last_ts = (st.get("last") or {}).get("ts")
+    now = time.time() if now is None else now
+    if props.get("ActiveState") != "active" or not last_ts or now - float(last_ts) <= 3 * float(cfg["interval_s"]) + 5:
+        return None
+    unit = f"opsctl-watch-{cfg['service']}.service"
+    text = _run(["journalctl", "-u", unit, "-n", "40", "-o", "cat", "--no-pager"], timeout=10).stdout
+    errors = [line.strip() for line in text.splitlines() if "tick failed" in line]
+    return {"since": last_ts, "seconds": round(now - float(last_ts), 1), "error": errors[-1] if errors else None}
+
+
 def status_report(cfg: dict) -> dict:
     w = Watch(cfg)
     st = w.state
@@ -895,7 +909,7 @@ def status_report(cfg: dict) -> dict:
                  "-p", "NRestarts"], timeout=10).stdout
     props = dict(line.split("=", 1) for line in show.splitlines() if "=" in line)
     config = {k: cfg.get(k) for k in ("mode", "interval_s", "window_s", "min_samples", "baseline_profile")}
-    return {"config": {**config, "notify": redacted_notify(cfg.get("notify"))},
+    return {"config": {**config, "notify": redacted_notify(cfg.get("notify"))}, "failing": _failing(cfg, st, props),
             "unit": {"name": unit, **props}, "paused": w.paused(), "tripped": st.get("tripped"),
             "rearmed": st.get("rearmed"), "last": st.get("last"), "samples": st.get("samples", [])[-12:],
             "watch_starts": st.get("watch_starts"), "ticks": st.get("ticks"), "pid": st.get("pid"),

@@ -130,10 +130,13 @@ def test_unit_file_edited_on_host_is_drift(lab, inv):
         # an operator "fixes" the unit in place (through the link, as an editor does)
         sh(lab, f"sed -i --follow-symlinks -e 's/^RestartSec=30$/RestartSec=5/' -e '$a Nice=-5' {path}")
         report = run_checks(inv, "post")
-        only_fails(report, "unit_file_matches_render")
+        # the unit in /etc links into the release, so the edit is both drift from the render and a
+        # release file that no longer matches its manifest: two findings, one cause, both named
+        only_fails(report, "unit_file_matches_render", "release_files_checksums")
         msg = report.result("unit_file_matches_render").message
         assert "expected 'RestartSec=30', found 'RestartSec=5'" in msg and "unexpected 'Nice=-5'" in msg, msg
         assert "NeedDaemonReload=yes" in msg, msg
+        assert unit in report.result("release_files_checksums").message
     finally:
         sh(lab, f"cat > $(readlink -f {path})", stdin=original)
 

@@ -40,11 +40,19 @@ def _active(host) -> str:
     return host.run("systemctl is-active sglang-k26; true", check=False).stdout.strip()
 
 
+def _edit_opsctl(inv: Path, edit) -> None:
+    """Applies `edit` to every opsctl: mapping of the inventory (group_vars/all.yml and each host's
+    host_vars file that sets one): Ansible replaces a mapping set at two levels whole, so a fleet-wide
+    change goes into each complete copy, as an operator would write it (docs/inventory.md)."""
+    for f in [inv / "group_vars" / "all.yml", *sorted((inv / "host_vars").glob("*.yml"))]:
+        data = yaml.safe_load(f.read_text())
+        if isinstance(data, dict) and isinstance(data.get("opsctl"), dict):
+            edit(data["opsctl"])
+            f.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
 def _set_policy(inv: Path, **rollout) -> None:
-    gv = inv / "group_vars" / "all.yml"
-    data = yaml.safe_load(gv.read_text())
-    data["opsctl"]["rollout"] = {**data["opsctl"].get("rollout", {}), **rollout}
-    gv.write_text(yaml.safe_dump(data, sort_keys=False))
+    _edit_opsctl(inv, lambda o: o.__setitem__("rollout", {**o.get("rollout", {}), **rollout}))
 
 
 def _events(stdout: str) -> list[dict]:
@@ -175,8 +183,7 @@ def test_good_rollout_reaches_every_host_in_its_waves(fleet, capsys):
 
 def test_controller_killed_mid_wave_leaves_no_unconfirmed_release_and_the_next_deploy_converges(fleet):
     hosts = fleet["hosts"]
-    gv = fleet["inv"] / "group_vars" / "all.yml"
-    gv.write_text(gv.read_text().replace("  keep_releases: 5", "  keep_releases: 5\n  guard_s: 20"))
+    _edit_opsctl(fleet["inv"], lambda o: o.__setitem__("guard_s", 20))
     before = {n: _current(h) for n, h in hosts.items()}      # ddtree budget 16, judged, on every host
     lines: list[str] = []
     proc = subprocess.Popen([*OPSCTL, "deploy", "ddtree", "--budget", "8", "--yes", "--skip-checks", "--no-gate",

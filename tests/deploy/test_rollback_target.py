@@ -37,3 +37,20 @@ def test_forced_rollback_to_a_gate_failed_release_is_allowed_and_others_need_no_
     assert _rollback_target(HOST, host_state(), "dd-2", force=True) == "dd-2"
     assert _rollback_target(HOST, host_state(), "ar-1") == "ar-1"
     assert _rollback_target(HOST, host_state(), None) == "ar-1"  # the last good: never the failed dd-2
+
+
+def test_the_fallback_chain_tries_the_baseline_last_even_when_it_served_more_recently():
+    from opsctl.flow.promote import fallback_releases
+
+    names = ("ar-tp8-1", "ddtree-b5", "ddtree-b11", "ddtree-b13")
+    rels = {r: ReleaseInfo(r, {"profile": {"name": r.rsplit("-", 1)[0] if r.startswith("ar") else "ddtree"}},
+                           ) for r in names}
+    state = HostState(current="ddtree-b13", releases=rels, ledger=[
+        {"action": "promote", "result": "ok", "to_release": "ar-tp8-1"},
+        {"action": "promote", "result": "ok", "to_release": "ddtree-b5"},
+        {"action": "rollback", "result": "ok", "to_release": "ar-tp8-1"},   # the baseline served last
+        {"action": "promote", "result": "ok", "to_release": "ddtree-b11"}])
+    assert HOST.baseline_profile == "ar-tp8"
+    assert fallback_releases(state, HOST, exclude="ddtree-b13") == ["ddtree-b11", "ddtree-b5", "ar-tp8-1"]
+    assert fallback_releases(state, HOST, exclude="ddtree-b13", limit=2) == ["ddtree-b11", "ar-tp8-1"]
+    assert fallback_releases(state, HOST, exclude="ar-tp8-1") == ["ddtree-b11", "ddtree-b5"]

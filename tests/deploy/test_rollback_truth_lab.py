@@ -180,7 +180,9 @@ def test_a_failing_deploy_after_an_unjudged_one_goes_to_the_last_good(truth_lab)
         c.kill_at("] ready      ...")
     unjudged = live(truth_lab)["current"]
     assert unjudged.startswith("ddtree-b6-")
-    with truth_lab.fault("capture_failure", algorithm="DDTREE"):
+    # the fault hits budget 7 only (--speculative-num-draft-tokens 8): `good` (budget 5) still starts,
+    # and a rollback records ok only for a release that became ready (issue #32 item 5)
+    with truth_lab.fault("capture_failure", algorithm="DDTREE", num_draft_tokens=8):
         p = opsctl("deploy", "ddtree", "--budget", "7", *FAST, inv=truth_lab.inv)
     assert p.returncode == 5
     assert live(truth_lab)["current"] == good and f"rolled back to {good}" in p.stderr
@@ -204,6 +206,12 @@ def test_the_guard_waits_for_the_host_lock(truth_lab):
         finally:
             truth_lab.run("systemctl stop opsctl-test-lock-holder; systemctl reset-failed opsctl-test-lock-holder; true")
     assert wait_until(lambda: live(truth_lab)["current"] == good, 60, 1)
+    # the guard is done (it lets the lock go) once `good` is ready, and says so in the ledger
+    assert wait_until(lambda: truth_lab.run("systemctl is-active opsctl-guard-sglang-k26.service",
+                                            check=False).stdout.strip() != "active", 60, 0.5), ledger(truth_lab)[-3:]
+    rec = ledger(truth_lab)[-1]
+    assert rec["action"] == "rollback" and rec["reason"] == "guard-timeout" and rec["result"] == "ok", rec
+    assert rec["to_release"] == good
 
 
 # 4. the ledger cannot be damaged silently
@@ -268,10 +276,16 @@ def test_secrets_missing_or_readable_are_refused_and_a_rotation_is_a_new_release
     p = opsctl("deploy", "ar-tp8", "--json", *FAST, inv=truth_lab.inv)
     rel = json.loads(p.stdout.splitlines()[-1])["outcomes"][0]["release"]
     assert truth_lab.run(f"test -e {ROOT}/releases/{rel}/secrets.env").returncode != 0
+    assert status(truth_lab.inv)["release"] == rel
     # no value anywhere: outputs, ledger, journal
     where = "".join(o for _, o in outs) + truth_lab.run(f"cat {ROOT}/ledger.jsonl; journalctl -u sglang-k26 "
                                                          "--no-pager -o cat").stdout
     assert "hf_first_value_0000" not in where and "hf_rotated_value_1111" not in where
+    # put the module's world back: one judged ar-tp8 release, the module's baseline (else the newest of
+    # these three would be what "baseline" names, HostState.baseline, for the tests after this one)
+    assert opsctl("rollback", "--to", truth_lab.baseline, inv=truth_lab.inv).returncode == 0
+    truth_lab.run(f"rm -rf {ROOT}/releases/{first['release']} {ROOT}/releases/{second['release']} "
+                  f"{ROOT}/releases/{rel}", check=True)
 
 
 # 6. leftovers and diagnoses

@@ -60,7 +60,8 @@ def test_baseline_deploy_stores_the_baseline_then_healthy_ddtree_is_promoted(cle
 ])
 def test_graph_faults_fail_validation_and_roll_back(clean_lab, ops, fault, expect):
     before = current(clean_lab)
-    with clean_lab.fault(fault, algorithm="DDTREE"):
+    # budget 8 alone (--speculative-num-draft-tokens 9): `before` (another DDTree budget) still starts
+    with clean_lab.fault(fault, algorithm="DDTREE", num_draft_tokens=9):
         proc = ops("deploy", "ddtree", "--budget", "8", *YES)
     assert proc.returncode == 5, proc.stdout + proc.stderr
     line = error_line(proc.stderr)

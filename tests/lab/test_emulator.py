@@ -464,3 +464,14 @@ def test_a_budget_too_small_for_the_drafter_block_fails_like_the_runtime(tmp_pat
     assert "must fit the per-step KV reservation" in emu.text() and "at least 3" in emu.text()
     with Emu(tmp_path / "ok", args[:-1] + ["4"]) as ok:   # budget 3: 8 slots hold the block
         ok.wait_ready()
+
+
+def test_fault_scopes_pick_the_algorithm_and_the_draft_width():
+    from sglang.lab import faults as emu_faults
+
+    active = {"capture_failure": {"message": "x", "algorithm": "DDTREE", "num_draft_tokens": 8},
+              "slow_start": {"load_s": 1.0, "algorithm": "none"}}
+    assert list(emu_faults.for_algorithm(active, "DDTREE", 8)) == ["capture_failure"]  # budget 7
+    assert emu_faults.for_algorithm(active, "DDTREE", 8)["capture_failure"] == {"message": "x"}
+    assert emu_faults.for_algorithm(active, "DDTREE", 17) == {}  # another budget starts
+    assert list(emu_faults.for_algorithm(active, None)) == ["slow_start"]

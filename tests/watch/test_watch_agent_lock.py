@@ -87,3 +87,18 @@ def test_watch_rollback_on_a_full_disk_leaves_the_lock_free(tmp_path, monkeypatc
     with pytest.raises(OSError):
         w.act("dd-2", manifests["dd-2"], manifests, [], [{"rule": "accept_len", "status": "breach", "detail": "1.2 < 2.0"}], 0.0)
     assert _lock_is_free(root)
+
+
+def test_status_says_failing_when_ticks_stop_completing(monkeypatch):
+    """The state file keeps the last tick that worked; `watch status` must not show it as now."""
+    cfg = {"service": "sglang-k26", "interval_s": 5}
+    journal = "opsctl-watch: tick failed: OSError: [Errno 28] No space left on device\n"
+    monkeypatch.setattr(agent, "_run", lambda argv, timeout=30, **kw: subprocess.CompletedProcess(argv, 0, journal, ""))
+    st = {"last": {"ts": 1000.0, "state": "idle"}}
+    assert agent._failing(cfg, st, {"ActiveState": "active"}, now=1010.0) is None     # within 3 intervals
+    f = agent._failing(cfg, st, {"ActiveState": "active"}, now=1100.0)
+    assert f["seconds"] == 100.0 and "No space left on device" in f["error"]
+    assert agent._failing(cfg, st, {"ActiveState": "failed"}, now=1100.0) is None     # down: said otherwise
+    from opsctl.watch import summary
+    assert summary({"unit": {"ActiveState": "active"}, "last": st["last"], "failing": f})["state"] == "failing"
+    assert summary({"unit": {"ActiveState": "active"}, "last": st["last"], "failing": None})["state"] == "idle"

@@ -303,3 +303,70 @@ def test_a_window_shorter_than_the_units_restart_delay_is_refused_before_anythin
         assert len(lines) == 1 and "opsctl.watch.window_s 20 is shorter than the restarts rule needs" in lines[0]
         assert "(fix: raise opsctl.watch.window_s to 34, or lower opsctl.restart_sec to 16)" in lines[0]
     assert snapshot(wl.lab) == before
+
+
+def test_the_watch_judges_the_live_release_again_after_a_tune(wl, ops):
+    """Issue #32 item 4: a tune's trials and its restore (`action: tune`) end a deploy-like operation
+    for the watch; it used to stay in `deploying` for good and miss every later collapse."""
+    lab = wl.lab
+    before = current(lab)
+    rc, out, err = ops.json("tune", "ddtree", "--budgets", "4", "--concurrency", "1", "--yes", inventory=wl.inv)
+    assert rc == 0, err
+    assert current(lab) == before and [r["action"] for r in ledger(lab)][-1] == "tune"
+    st = wait_for(lambda: (s := watch_status(ops, wl.inv))["summary"]["state"] not in ("deploying", "starting")
+                  and s["last"]["release"] == before and s, 6 * INTERVAL)
+    assert st, watch_status(ops, wl.inv)["summary"]
+    assert st["summary"]["state"] in ("idle", "healthy", "unknown", "tripped"), st["summary"]
+
+
+def test_a_release_below_the_baseline_curve_is_switched_back_on_throughput_alone(wl, ops):
+    """Issue #32 item 3: the watch reads the baseline curve where the gate stores it (one function,
+    opsctl.artifacts), so a release that accepts well (3.0 > the 2.0 floor) but serves far below the
+    baseline's tok/s breaches the throughput rule; it used to say "unknown — no baseline bench curve"."""
+    lab = wl.lab
+    base = current(lab)
+    assert base.startswith("ar-tp8-")
+    with lab.fault("accept_collapse", accept_len=3.0, cpu_tree_ms_per_req=40, algorithm="DDTREE"):
+        ddt = deploy(ops, wl.inv, "ddtree", "--budget", "16", *FAST)
+        load.start(90, cmin=2, cmax=6, out_min=32, out_max=96, node=lab.node)
+        switched = wait_for(lambda: current(lab) == base, WINDOW + 60)
+    load.stop(node=lab.node)
+    assert switched, watch_status(ops, wl.inv)["last"]
+    rec = [r for r in ledger(lab) if r["action"] == "rollback"][-1]
+    assert rec["from_release"] == ddt["release"] and rec["who"].startswith("opsctl-watch@") and rec["result"] == "ok"
+    breaches = {b["rule"]: b for b in rec["watch"]["breaches"]}
+    assert set(breaches) == {"throughput"}, breaches
+    assert breaches["throughput"]["threshold"] == 0.7 and breaches["throughput"]["observed"] < 0.7
+
+
+def test_a_breach_on_a_full_disk_is_shown_failing_and_acted_on_once_there_is_room(wl, ops):
+    """Issue #32 item 1: with the host's disk full every tick fails; `watch status` says so (it used to
+    say `idle`), nothing is half-switched, and once space is freed the watch itself rolls back: the
+    deploy lock is free afterwards and no stale holder is left (it used to keep `.lock` for good).
+    The lab's overlay is a RAM-backed tmpfs, filled for the length of the test and freed in `finally`."""
+    lab = wl.lab
+    base = current(lab)
+    lab.run(f"rm -f {ONSET_FILE}")
+    with lab.fault("accept_decay", onset_file=ONSET_FILE, over_s=1, accept_len=1.4, algorithm="DDTREE"):
+        ddt = deploy(ops, wl.inv, "ddtree", "--budget", "16", *FAST)
+        load.start(120, cmin=2, cmax=6, out_min=32, out_max=96, node=lab.node)
+        free = int(lab.run("df -P -B1 /opt/opsctl | awk 'NR==2 {print $4}'").stdout)
+        try:
+            lab.run(f"fallocate -l {max(free - (1 << 20), 0)} /var/tmp/opsctl-fill; "
+                    "dd if=/dev/zero of=/var/tmp/opsctl-fill2 bs=4k 2>/dev/null; touch " + ONSET_FILE, check=False)
+            st = wait_for(lambda: (s := watch_status(ops, wl.inv))["summary"]["state"] == "failing" and s,
+                          WINDOW + 10 * INTERVAL)
+            assert st, watch_status(ops, wl.inv)["summary"]
+            assert "No space left on device" in (st["failing"]["error"] or ""), st["failing"]
+            proc = ops("watch", "status", inventory=wl.inv)
+            assert "FAILING: no tick has completed" in proc.stdout, proc.stdout
+            assert current(lab) == ddt["release"]     # nothing switched without room
+        finally:
+            lab.run("rm -f /var/tmp/opsctl-fill /var/tmp/opsctl-fill2")
+        switched = wait_for(lambda: current(lab) == base, WINDOW + 60)
+    load.stop(node=lab.node)
+    assert switched, watch_status(ops, wl.inv)["summary"]
+    rec = [r for r in ledger(lab) if r["action"] == "rollback"][-1]
+    assert rec["from_release"] == ddt["release"] and rec["who"].startswith("opsctl-watch@") and rec["result"] == "ok"
+    assert lab.run("flock -n /opt/opsctl/.lock true", check=False).returncode == 0
+    assert lab.run("test -e /opt/opsctl/.lock.holder", check=False).returncode != 0

@@ -25,6 +25,10 @@ code_wins_chat_loses code=1.35, math=0.9, chat=0.08            acceptance by dom
                                                                chat almost nothing (a release that wins on
                                                                HumanEval and loses on the site's chat)
 
+Every fault takes two optional scopes: algorithm="DDTREE" (or "none") applies it only to a
+server started with that --speculative-algorithm; num_draft_tokens=N only to one started with
+--speculative-num-draft-tokens N (a DDTree budget B is N = B + 1).
+
 Faults that start healthy and degrade after a delay (seconds since the server
 process started, so a release can pass its deploy gates first):
 accept_decay         after_s=60, over_s=30, accept_len=1.5,    accept length falls linearly from the healthy
@@ -84,16 +88,24 @@ def load() -> dict[str, dict]:
     return out
 
 
-def for_algorithm(active: dict[str, dict], algorithm: str | None) -> dict[str, dict]:
+SCOPES = ("algorithm", "num_draft_tokens")
+
+
+def for_algorithm(active: dict[str, dict], algorithm: str | None,
+                  num_draft_tokens: int | None = None) -> dict[str, dict]:
     """Faults scoped with `algorithm` (e.g. "DDTREE", or "none" for autoregressive)
     apply only to a server started with that --speculative-algorithm, so a test can
-    break the release under test and still roll back to a healthy baseline."""
+    break the release under test and still roll back to a healthy baseline; scoped
+    with `num_draft_tokens` too, only to that --speculative-num-draft-tokens (a DDTree
+    budget + 1), so the other DDTree releases it rolls back to still start."""
     algo = (algorithm or "none").upper()
     out = {}
     for name, params in active.items():
         scope = params.get("algorithm")
-        if scope is None or str(scope).upper() == algo:
-            out[name] = {k: v for k, v in params.items() if k != "algorithm"}
+        width = params.get("num_draft_tokens")
+        if (scope is None or str(scope).upper() == algo) and \
+                (width is None or (num_draft_tokens is not None and int(width) == int(num_draft_tokens))):
+            out[name] = {k: v for k, v in params.items() if k not in SCOPES}
     return out
 
 

@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> None:
     args = flags.parse(argv)
     if args.model_path is None:
         flags.build_parser().error("the following arguments are required: --model-path/--model")
-    active = faults_mod.for_algorithm(faults_mod.load(), args.speculative_algorithm)
+    active = faults_mod.for_algorithm(faults_mod.load(), args.speculative_algorithm,
+                                      args.speculative_num_draft_tokens)
     tp = int(args.tp_size or 1)
     ep = int(args.ep_size or 1)
     ranks = [f"TP{r}" + (f" EP{r % ep}" if ep > 1 else "") if tp > 1 else (f"EP{r}" if ep > 1 else "")
