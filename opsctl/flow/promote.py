@@ -28,11 +28,12 @@ def fallback_releases(state: HostState, host: HostConfig, exclude: str | Iterabl
     (or put back by a rollback), newest first, then the baseline release; never one nobody
     judged. Empty: nothing to go back to (the service stops)."""
     skip = {exclude} if isinstance(exclude, str) else set(exclude or ())
+    good = state.good_releases(exclude=skip)
     base = state.baseline(host.baseline_profile)
-    if not base or base in skip:
-        return state.good_releases(exclude=skip)[:limit]
-    # the baseline is always the last resort, also when it served more recently than another good one
-    return [r for r in state.good_releases(exclude=skip) if r != base][:limit - 1] + [base]
+    if not base or base in skip or (good and good[0] == base):
+        return good[:limit]   # the baseline is what served last: it goes first
+    # else the baseline is the last resort, also when it served more recently than an older good one
+    return [r for r in good if r != base][:limit - 1] + [base]
 
 
 def fallback_release(state: HostState, host: HostConfig, exclude: str | None) -> str | None:
@@ -183,6 +184,7 @@ def _rollback_chain(conn: Connection, host: HostConfig, state: HostState, target
     tried: list[str] = []
     errors: dict[str, str] = {}
     live = state.current
+    restart = target == state.current   # live but never ready (a revert whose start failed): started again
     disarmed = False
     while queue or not extended:
         if not queue:
@@ -195,8 +197,9 @@ def _rollback_chain(conn: Connection, host: HostConfig, state: HostState, target
                 steps.note(f"{target} did not become ready: trying {', '.join(queue)} in turn")
             continue
         tgt = queue.pop(0)
-        if tgt in tried or tgt == live:
+        if tgt in tried or (tgt == live and not restart):
             continue
+        restart = False
         info = state.releases[tgt]
         failed = state.gate_failed(tgt) if tgt == target else None
         forced = {"forced": True, "verdict": failed.get("status")} if failed else {}
@@ -279,13 +282,13 @@ def _named_target(host: HostConfig, state: HostState, to: str | None) -> str:
         if target is None:
             raise ConfigError(f"no {host.baseline_profile} (baseline) release on {host.name}",
                               f"deploy it with 'opsctl deploy {host.baseline_profile}'")
-        if target == state.current:
+        if target == state.current and state.live_not_ready() is None:
             raise ConfigError(f"the baseline release {target} is already live on {host.name}", "nothing to do")
-        return target
+        return target   # live but never became ready (a revert whose start failed): started again
     if to not in state.releases:
         known = ", ".join(sorted(state.releases)) or "none"
         raise ConfigError(f"release {to!r} is not on {host.name}", f"pick one of: {known} (see 'opsctl history')")
-    if to == state.current:
+    if to == state.current and state.live_not_ready() is None:
         raise ConfigError(f"release {to} is already live on {host.name}", "nothing to do")
     return to
 

@@ -39,7 +39,7 @@ def test_forced_rollback_to_a_gate_failed_release_is_allowed_and_others_need_no_
     assert _rollback_target(HOST, host_state(), None) == "ar-1"  # the last good: never the failed dd-2
 
 
-def test_the_fallback_chain_tries_the_baseline_last_even_when_it_served_more_recently():
+def test_the_fallback_chain_starts_with_what_served_last_and_ends_with_the_baseline():
     from opsctl.flow.promote import fallback_releases
 
     names = ("ar-tp8-1", "ddtree-b5", "ddtree-b11", "ddtree-b13")
@@ -54,3 +54,25 @@ def test_the_fallback_chain_tries_the_baseline_last_even_when_it_served_more_rec
     assert fallback_releases(state, HOST, exclude="ddtree-b13") == ["ddtree-b11", "ddtree-b5", "ar-tp8-1"]
     assert fallback_releases(state, HOST, exclude="ddtree-b13", limit=2) == ["ddtree-b11", "ar-tp8-1"]
     assert fallback_releases(state, HOST, exclude="ar-tp8-1") == ["ddtree-b11", "ddtree-b5"]
+    # the baseline served last (rolled back to it, then a new release failed): it goes first
+    state.ledger.append({"action": "rollback", "result": "ok", "to_release": "ar-tp8-1"})
+    assert fallback_releases(state, HOST, exclude="ddtree-b13") == ["ar-tp8-1", "ddtree-b11", "ddtree-b5"]
+
+
+def test_a_live_release_that_never_became_ready_can_be_rolled_back_to_again():
+    """A revert whose start failed leaves its target live but not serving: `rollback --to baseline`
+    (or --to it by name) starts it again once the operator fixed the cause; a serving one is refused."""
+    rels = {r: ReleaseInfo(r, {"profile": {"name": "ar-tp8" if r.startswith("ar") else "ddtree"}})
+            for r in ("ar-tp8-1", "ddtree-b13")}
+    state = HostState(current="ar-tp8-1", releases=rels, ledger=[
+        {"action": "promote", "result": "ok", "to_release": "ar-tp8-1"},
+        {"action": "deploy", "result": "started", "to_release": "ddtree-b13"},
+        {"action": "rollback", "result": "failed", "switched": True, "from_release": "ddtree-b13",
+         "to_release": "ar-tp8-1", "reason": "guard-timeout", "error": "not ready within 120 s"}])
+    assert state.live_not_ready() is not None
+    assert _rollback_target(HOST, state, "baseline") == "ar-tp8-1"
+    assert _rollback_target(HOST, state, "ar-tp8-1") == "ar-tp8-1"
+    state.ledger.append({"action": "rollback", "result": "ok", "to_release": "ar-tp8-1"})
+    for to in ("baseline", "ar-tp8-1"):
+        with pytest.raises(ConfigError, match="already live"):
+            _rollback_target(HOST, state, to)

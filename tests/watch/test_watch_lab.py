@@ -357,7 +357,9 @@ def test_a_breach_on_a_full_disk_is_shown_failing_and_acted_on_once_there_is_roo
             st = wait_for(lambda: (s := watch_status(ops, wl.inv))["summary"]["state"] == "failing" and s,
                           WINDOW + 10 * INTERVAL)
             assert st, watch_status(ops, wl.inv)["summary"]
-            assert "No space left on device" in (st["failing"]["error"] or ""), st["failing"]
+            # ENOSPC, as the agent saw it: saving its state, or the ledger's append (a short write, undone)
+            assert any(w in (st["failing"]["error"] or "") for w in ("No space left on device", "short write")), \
+                st["failing"]
             proc = ops("watch", "status", inventory=wl.inv)
             assert "FAILING: no tick has completed" in proc.stdout, proc.stdout
             assert current(lab) == ddt["release"]     # nothing switched without room
