@@ -24,7 +24,6 @@ def test_cpu_smoke_entry_point():
     assert r["chi2_p_same"] > 1e-3 and r["chi2_p_shifted"] < 1e-6
     assert abs(r["hit_rate"] - 0.8) < 0.02
     assert "| b16 | 1 | 16 |" in p.stdout
-    assert "sglang" not in sys.modules or True  # the harness imports SGLang only on the device
 
 
 def test_chi2_calibration():
