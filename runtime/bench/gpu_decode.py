@@ -85,6 +85,9 @@ run, which of the above imported and which fallback ran):
 
   device:  python3 runtime/bench/gpu_decode.py --out $OUT   (see runtime/README.md)
   CPU:     python3 runtime/bench/gpu_decode.py --cpu-smoke   (tests/test_gpu_decode.py)
+  CPU dry run of every phase before a device call (toy sizes, Triton's interpreter with a bounds
+  check on every load / store, CUDA graphs emulated by ``EmulatedGraph``, the JIT CUDA kernels
+  replaced): python3 runtime/bench/gpu_decode.py --dry-cpu   (README: what it needs on PYTHONPATH)
 """
 
 from __future__ import annotations
@@ -110,6 +113,52 @@ import torch  # noqa: E402
 
 def log(*a):
     print(*a, flush=True)
+
+
+TRACE = os.environ.get("DDTREE_HARNESS_TRACE") == "1"
+DEV = ["cuda"]  # "cpu" in the CPU dry run (--dry-cpu): Triton's interpreter, emulated graphs
+
+
+def on_cuda() -> bool:
+    return DEV[0] == "cuda"
+
+
+def sync():
+    if on_cuda():
+        torch.cuda.synchronize()
+
+
+def graph_pool():
+    return torch.cuda.graph_pool_handle() if on_cuda() else None
+
+
+class EmulatedGraph:
+    """The CPU dry run's stand-in for a ``torch.cuda.CUDAGraph``: replay runs the
+    captured calls again on the same static tensors and copies the results into
+    the tensors the capture returned (what a replay leaves there)."""
+
+    def __init__(self, fn, outs):
+        self.fn, self.outs = fn, outs
+
+    def replay(self):
+        new = self.fn()
+        olds = self.outs if isinstance(self.outs, (tuple, list)) else (self.outs,)
+        news = new if isinstance(new, (tuple, list)) else (new,)
+        for o, n in zip(olds, news):
+            if isinstance(o, torch.Tensor) and isinstance(n, torch.Tensor) and o is not n:
+                o.copy_(n)
+
+
+def capture_graph(fn, pool=None):
+    """``fn()`` captured into a CUDA graph (an ``EmulatedGraph`` in the CPU dry
+    run); returns (graph, what ``fn`` returned at capture: the static outputs)."""
+    if not on_cuda():
+        outs = fn()
+        return EmulatedGraph(fn, outs), outs
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, pool=pool):
+        outs = fn()
+    return g, outs
 
 
 # ---------------------------------------------------------------------------
@@ -205,8 +254,10 @@ def timed(seg, fn):
 class StepTimer:
     """Per decode step: host wall time of each segment (perf_counter around the
     call) and, on CUDA, the GPU stream span between CUDA events at the segment
-    boundaries.  "between" = the step's total minus the segments (Python and
-    launch gaps between them).  Nested segments (an inner call while an outer
+    boundaries.  GPU "between" = the step's span minus the segments' spans;
+    wall "between" = the host's time in the step (before the closing
+    synchronize) minus the segments' (the Python between them), "total" = until
+    the GPU has finished.  Nested segments (an inner call while an outer
     one runs) are charged to the outer one only."""
 
     def __init__(self, cuda: bool):
@@ -249,11 +300,12 @@ class StepTimer:
         if not self.active:
             return
         e_end = self._event()
+        host = time.perf_counter() - self.t0  # the host's time in the step (no wait for the GPU)
         if self.cuda:
             torch.cuda.synchronize()
-        wall = time.perf_counter() - self.t0
-        row = {"wall_total": wall, **{f"wall_{s}": v for s, v in self.cur["wall"].items()}}
-        row["wall_between"] = wall - sum(self.cur["wall"].values())
+        wall = time.perf_counter() - self.t0  # until the GPU has finished the step
+        row = {"wall_total": wall, "wall_host": host, **{f"wall_{s}": v for s, v in self.cur["wall"].items()}}
+        row["wall_between"] = host - sum(self.cur["wall"].values())
         if self.cuda:
             gpu = {s: 0.0 for s in SEGMENTS}
             for name, a, b in self.cur["events"]:
@@ -286,14 +338,15 @@ def non_forward(summary: dict, prefix: str) -> float:
     return sum(summary.get(f"{prefix}_{k}", 0.0) for k in ("head_tree", "verify_prep", "accept_commit", "between"))
 
 
-def breakdown_table(results) -> str:
-    """Markdown table (ms per step, medians) of the breakdown rows."""
+def breakdown_table(results, prefix=None) -> str:
+    """Markdown table (ms per step, medians) of the breakdown rows: CUDA-event
+    spans where measured (``prefix`` "gpu"), else / or host wall clock ("wall")."""
     hdr = ("| config | bs | budget | steps | accept len | drafter fwd | head + tree | verify prep | target fwd | "
            "accept/commit | between | **non-forward** | step | AR step | tok/s DDTree / AR |")
     lines = [hdr, "|" + "---|" * 15]
     for r in results:
         s = r["summary"]
-        p = "gpu" if "gpu_total" in s else "wall"
+        p = prefix or ("gpu" if "gpu_total" in s else "wall")
 
         def ms(k):
             return f"{1e3 * s.get(f'{p}_{k}', 0.0):.3f}"
@@ -340,7 +393,8 @@ triton_kernels xgrammar llguidance outlines torch_memory_saver cutlass quack til
 intel_extension_for_pytorch habana_frameworks mindspore ktransformers kt_kernel nvshmem cupy jax tensorrt_llm lmcache
 hip sglang sglang_ddtree torch triton tvm_ffi transformers numpy IPython cuda pynvml fa3 sgl_flash_mla
 flash_attn_interface decord torchao modelopt petit_kernel mamba_ssm causal_conv1d fla torchcodec av soundfile
-librosa pyav cv2 timm torchvision torchaudio""".split())
+librosa pyav cv2 timm torchvision torchaudio""".split()) - frozenset(
+    os.environ.get("DDTREE_HARNESS_ALSO_STUB", "").replace(",", " ").split())  # the CPU dry run (--dry-cpu)
 STUBBED = set()
 _FINDER_OPEN = [True]
 
@@ -422,7 +476,7 @@ class _StubFinder:
         m = _StubModule(spec.name)
         m.__path__ = []
         if spec.name == "sgl_kernel.utils":  # read at import by the Triton backend (its PDL switch)
-            m.is_arch_support_pdl = lambda: torch.cuda.get_device_capability()[0] >= 9
+            m.is_arch_support_pdl = lambda: on_cuda() and torch.cuda.get_device_capability()[0] >= 9
         return m
 
     def exec_module(self, module):
@@ -520,9 +574,173 @@ def _import_sglang(args):
     return SGL
 
 
+def _triton_verify(predicts, accept_index, accept_token_num, candidates, retrieve_index, retrieve_next_token,
+                   retrieve_next_sibling, target_predict, topk=-1):
+    """SGLang's Triton ``verify_tree_greedy`` under ``verify_tree_greedy_func``'s signature."""
+    SGL.spec_tree.verify_tree_greedy_triton(predicts, accept_index, accept_token_num, candidates, retrieve_index,
+                                            retrieve_next_token, retrieve_next_sibling, target_predict)
+    return predicts, accept_index, accept_token_num
+
+
+def ref_tree_sampling_target_only(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                                  retrive_next_token, retrive_next_sibling, uniform_samples,
+                                  uniform_samples_for_final_sampling, target_probs, draft_probs, threshold_single=1.0,
+                                  threshold_acc=1.0, deterministic=True):
+    """CPU dry run only (the JIT CUDA kernel needs nvcc + a GPU): a plain-loop
+    target-only tree sampler with the kernel's in/out contract.  At the current
+    node a token is drawn from the target's row (inverse CDF of the node's coin);
+    a child holding it is accepted and the walk goes on, else it is the bonus."""
+    bs, n = candidates.shape
+    depth = accept_index.shape[1]
+    for b in range(bs):
+        cur, k = 0, 0
+        accept_index[b, 0] = retrive_index[b, 0]
+        while True:
+            p = target_probs[b, cur].double()
+            u = float(uniform_samples[b, cur]) if k + 1 < depth else float(uniform_samples_for_final_sampling[b])
+            t = int(torch.searchsorted(p.cumsum(0), torch.tensor([u * float(p.sum())], dtype=torch.float64)).clamp(
+                max=p.numel() - 1))
+            child = int(retrive_next_token[b, cur])
+            while child != -1 and int(candidates[b, child]) != t:
+                child = int(retrive_next_sibling[b, child])
+            predicts[int(retrive_index[b, cur])] = t
+            if child == -1 or k + 1 >= depth:
+                break
+            k += 1
+            accept_index[b, k] = retrive_index[b, child]
+            cur = child
+        accept_token_num[b] = k
+
+
+def dry_cpu_interpreter():
+    """CPU dry run: Triton 3.6's interpreter converts a loop bound with
+    ``int(array([v]))``, which NumPy >= 2.4 refuses (kernels that loop over
+    ``range(<tensor>)``); convert the one-element array's item instead.  The
+    tests' interpreter fast path is installed when it is there."""
+    import numpy as np
+    import triton.runtime.interpreter as interp
+
+    cls = interp._LangPatchScope
+    if not getattr(cls.set_attr, "_dry", False):
+        orig = cls.set_attr
+
+        def set_attr(self, obj, name, value):
+            if name == "__index__":
+                value = lambda t: int(np.asarray(t.handle.data).reshape(-1)[0])  # noqa: E731
+            return orig(self, obj, name, value)
+
+        set_attr._dry = True
+        cls.set_attr = set_attr
+    if os.environ.get("DDTREE_HARNESS_OOB", "1") == "1":
+        _interpreter_bounds_check(interp, np)
+    try:
+        sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+        import interp_fast
+
+        interp_fast.install()
+    except Exception:
+        pass
+
+
+OOB_EXTRA = []  # buffers kernels reach through pointer tables (the KV pool's per-layer buffers)
+
+
+def _interpreter_bounds_check(interp, np):
+    """CPU dry run: every masked-in address a kernel loads or stores must lie in
+    the storage of one of its tensor arguments (else an error naming the
+    kernel): out-of-bounds accesses that would be illegal-address faults or
+    silent corruption on the GPU."""
+    launch = {"ranges": [], "name": "?"}
+    orig_cvt = interp._implicit_cvt
+
+    def cvt(arg):
+        if hasattr(arg, "data_ptr") and hasattr(arg, "untyped_storage"):
+            st = arg.untyped_storage()
+            launch["ranges"].append((st.data_ptr(), st.data_ptr() + st.nbytes()))
+        return orig_cvt(arg)
+
+    interp._implicit_cvt = cvt
+    gcls = interp.GridExecutor
+    orig_call = gcls.__call__
+
+    def call(self, *a, **k):
+        prev = dict(launch)
+        launch.update(ranges=[], name=getattr(self.fn, "__name__", "?"))
+        try:
+            return orig_call(self, *a, **k)
+        finally:
+            launch.update(prev)
+
+    gcls.__call__ = call
+
+    def check(ptrs, mask, what):
+        p = np.asarray(ptrs.data).astype(np.uint64)
+        m = np.broadcast_to(np.asarray(mask.data, dtype=bool), p.shape)
+        addr = p[m]
+        if addr.size == 0:
+            return
+        size = np.dtype(interp._get_np_dtype(ptrs.get_element_ty())).itemsize
+        ok = np.zeros(addr.shape, dtype=bool)
+        for lo, hi in launch["ranges"] + OOB_EXTRA:
+            ok |= (addr >= lo) & (addr + size <= hi)
+        if not ok.all():
+            bad = addr[~ok][:4]
+            near = [(int(b) - lo, hi - lo) for b in bad for lo, hi in launch["ranges"][:1]]
+            raise RuntimeError(f"out-of-bounds {what} in Triton kernel {launch['name']}: {int((~ok).sum())} of "
+                               f"{addr.size} addresses outside every tensor argument's storage (first: offset, "
+                               f"bytes of arg 0: {near})")
+
+    b = interp.InterpreterBuilder
+    ol, os_ = b.create_masked_load, b.create_masked_store
+
+    def load(self, ptrs, mask, other, *a):
+        check(ptrs, mask, "load")
+        return ol(self, ptrs, mask, other, *a)
+
+    def store(self, ptrs, value, mask, *a):
+        check(ptrs, mask, "store")
+        return os_(self, ptrs, value, mask, *a)
+
+    b.create_masked_load, b.create_masked_store = load, store
+
+
+def dry_cpu_kernels():
+    """CPU dry run: SGLang's CUDA-only speculative kernels replaced (greedy: its
+    Triton verify in the interpreter; sampling: ``ref_tree_sampling_target_only``)."""
+    SGL.eagle_utils.verify_tree_greedy_func = _triton_verify
+    SGL.eagle_utils.tree_speculative_sampling_target_only = ref_tree_sampling_target_only
+    SGL.eagle_utils._is_cpu = False  # else eagle_sample forces greedy
+    pool_cls = SGL.MHATokenToKVPool
+    orig_cb = pool_cls._create_buffers
+
+    def create_buffers(self):  # its per-layer buffers: reached through pointer tables (bounds check)
+        orig_cb(self)
+        for t in [*self.k_buffer, *self.v_buffer]:
+            st = t.untyped_storage()
+            OOB_EXTRA.append((st.data_ptr(), st.data_ptr() + st.nbytes()))
+
+    pool_cls._create_buffers = create_buffers
+    # call-time branches as on the device: every loaded SGLang module's ``_is_cuda``
+    flipped = []
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("sglang.") and getattr(mod, "_is_cuda", None) is False:
+            mod._is_cuda = True
+            flipped.append(name)
+    PROVENANCE["dry_is_cuda_flipped"] = len(flipped)
+    tb = sys.modules["sglang.srt.layers.attention.triton_backend"]
+    if not hasattr(tb, "is_arch_support_pdl"):  # imported under ``if _is_cuda`` at module level
+        tb.is_arch_support_pdl = lambda: False
+    out = {"verify_tree_greedy": "dry run: SGLang's Triton verify (interpreter)",
+           "tree_speculative_sampling_target_only": "dry run: plain-loop reference (no JIT CUDA on the CPU)"}
+    PROVENANCE.update(out)
+    return out
+
+
 def jit_check(dev):
     """Compile + run SGLang's JIT CUDA speculative kernels once (tvm-ffi + nvcc);
     on failure fall back to SGLang's Triton verify (greedy) and report it."""
+    if dev != "cuda":
+        return dry_cpu_kernels()
     out = {}
     try:
         t0 = time.time()
@@ -533,14 +751,6 @@ def jit_check(dev):
         out["verify_tree_greedy"] = f"JIT CUDA (tvm-ffi), built in {time.time() - t0:.1f}s"
     except Exception as e:
         out["verify_tree_greedy"] = f"JIT FAILED ({type(e).__name__}: {str(e)[:300]}); SGLang's Triton verify used"
-        st = SGL.spec_tree
-
-        def _triton_verify(predicts, accept_index, accept_token_num, candidates, retrieve_index,
-                           retrieve_next_token, retrieve_next_sibling, target_predict, topk=-1):
-            st.verify_tree_greedy_triton(predicts, accept_index, accept_token_num, candidates, retrieve_index,
-                                         retrieve_next_token, retrieve_next_sibling, target_predict)
-            return predicts, accept_index, accept_token_num
-
         SGL.eagle_utils.verify_tree_greedy_func = _triton_verify
     try:
         t0 = time.time()
@@ -591,6 +801,9 @@ class TinyConfig:
         self.hf_config.get_text_config = lambda: self.hf_config
         self.hf_text_config = self.hf_config
         self.linear_attn_registry_result = None
+        self.requires_mm_token_modalities = False  # ForwardBatch.init_new
+        self.is_matryoshka = False
+        self.spec_hidden_size = H  # eagle_utils (the drafter's hidden width: the target's here)
 
     def get_num_attention_heads(self, tp_size):
         return self.num_attention_heads // tp_size
@@ -779,6 +992,9 @@ class BandGraphRunner:
         self.loaded = None
         self.replays = 0
         self.pool = pool
+        self.block = block
+        if not self.bs_list:  # a band no captured batch size routes to: eager only
+            return
         dev = runner.device
         max_bs = max(self.bs_list)
         T = max_bs * self.width
@@ -818,11 +1034,17 @@ class BandGraphRunner:
             for _ in range(2):  # warm-up (Triton compiles), as the runner does before capture
                 be.init_forward_metadata_in_graph(fb)
                 model(fb.input_ids, fb.positions, fb)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.pool):
-                be.init_forward_metadata_in_graph(fb)
-                logits, hidden = model(fb.input_ids, fb.positions, fb)
+            sync()
+
+            md = be.forward_metadata  # what this capture bakes in (an emulated replay re-installs it)
+
+            def body():  # its own forward context too: an emulated graph (CPU dry run) replays the calls
+                with SGL.forward_context(SGL.ForwardContext(attn_backend=be), forward_batch=fb):
+                    be.forward_metadata = md
+                    be.init_forward_metadata_in_graph(fb)
+                    return model(fb.input_ids, fb.positions, fb)
+
+            g, (logits, hidden) = capture_graph(body, self.pool)
         self.graphs[bs] = (g, fb, logits, hidden)
 
     def can_run_graph(self, fb):
@@ -873,7 +1095,10 @@ class OracleDrafter:
     def __init__(self, tiny: TinyLM, max_reqs, max_ctx, block, hit, device, seed=7):
         self.tiny, self.block, self.hit, self.V = tiny, int(block), float(hit), tiny.V
         self.W = tiny.lm_head.weight.float()
-        self.alpha = 4.0 / float(tiny.H) ** 0.5
+        # confident enough that the head's best-first trees go deep: the first token's logit
+        # ~ ln V + 4 above the bulk (the H200 run of 2026-12-03 had 4 / sqrt(H): at V 32768
+        # P(first) ~ 2e-4, every tree all depth 1, accept length exactly 2)
+        self.alpha = (math.log(self.V) + 4.0) / float(self.W.pow(2).sum(-1).mean())
         self.ref = torch.zeros((max_reqs, max_ctx + 64), dtype=torch.int64, device=device)
         g = torch.Generator(device="cpu").manual_seed(seed)
         H = tiny.H
@@ -928,13 +1153,9 @@ class DraftGraphs:
             for _ in range(2):
                 h = drafter.forward(ids, pos, rows)
                 sampler(h, ids)
-            torch.cuda.synchronize()
-            g1 = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g1, pool=pool):
-                h = drafter.forward(ids, pos, rows)
-            g2 = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g2, pool=pool):
-                sampler(h, ids)
+            sync()
+            g1, h = capture_graph(lambda i=ids, p=pos, r=rows: drafter.forward(i, p, r), pool)
+            g2, _ = capture_graph(lambda h=h, i=ids: sampler(h, i), pool)
             self.hidden[bs], self.g_draft[bs], self.g_head[bs] = h, g1, g2
 
     def padded(self, bs):
@@ -1089,7 +1310,7 @@ class Env:
 
         from sglang_ddtree.schedule import parse_schedule
 
-        self.args, self.device, self.V, self.block = args, "cuda", V, int(block)
+        self.args, self.device, self.V, self.block = args, DEV[0], V, int(block)
         self.max_reqs, self.max_ctx = max_reqs, max_ctx
         H, nl, nh, hd = args.hidden, args.layers, args.heads, args.head_dim
         self.dir = tempfile.mkdtemp(prefix="ddtree-harness-")
@@ -1119,6 +1340,8 @@ class Env:
         self.draft_ctx_writes = 0
         # widths and their batch sizes (routing as the worker will: schedule.band_index)
         for name, (sched_s, gbs) in self.cfg_bands.items():
+            for band in parse_schedule(sched_s):  # every band has a backend (the worker builds a state per band)
+                widths_bs.setdefault(band.budget + 1, set())
             for bs in gbs:
                 b = _budget_for(sched_s, bs, gbs)
                 widths_bs.setdefault(b + 1, set()).add(int(bs))
@@ -1128,14 +1351,14 @@ class Env:
         self.runners = {}
         for w, bss in sorted(widths_bs.items()):
             self.runners[w] = BandGraphRunner(self.mr, self.backends[w], w, sorted(bss), "verify", block=self.block,
-                                              pool=torch.cuda.graph_pool_handle())
+                                              pool=graph_pool())
         self.ar_runner = (BandGraphRunner(self.mr, self.ar_backend, 1, sorted(set(ar_bs)), "decode",
-                                          pool=torch.cuda.graph_pool_handle()) if ar_bs else None)
+                                          pool=graph_pool()) if ar_bs else None)
         self.capture_s = time.time() - t0
         self.drafter = OracleDrafter(self.tiny, max_reqs, max_ctx, block, args.hit, self.device)
         self.draft_runner = DraftRunner(self.mr.kv_index_translator, self.drafter, None)
         self.workers = {}
-        self.timer = StepTimer(cuda=True)
+        self.timer = StepTimer(cuda=on_cuda())
 
     # -- workers ----------------------------------------------------------
     def worker(self, name):
@@ -1198,7 +1421,7 @@ class Env:
             w._ddtree_head_in_graph = True
             sampler = BandedDraftHead(sched, w._ddtree_heads, self.block) if tree_bs else None
         w._h_graphs = (DraftGraphs(self.drafter, sampler, tree_bs, self.device, self.args.hidden,
-                                   pool=torch.cuda.graph_pool_handle()) if tree_bs else None)
+                                   pool=graph_pool()) if tree_bs else None)
         self._instrument(w)
         self.workers[name] = w
         self._activate(w)
@@ -1462,17 +1685,21 @@ def decode_loop(env, w, reqs, *, max_steps, temperature=0.0, timed=(), gen=None)
             step += 1
             continue
         bs = len(running)
+        if TRACE:
+            log(f"[trace] step {step} bs {bs} rows {[r['row'] for r in running]} seq {[r['seq_len'] for r in running]}")
         batch = make_batch(env, running, n_max, temperature)
         if step in timed:
             env.timer.start_step()
         t0 = time.perf_counter()
         res = w.forward_batch_generation(batch)
+        if step in timed:  # before the driver reads the results (its sync is the scheduler's, not the step's)
+            env.timer.end_step(bs=bs)
         N = int(res.speculative_num_draft_tokens)
         lens = res.accept_lens.tolist()
         out = res.next_token_ids.view(bs, N).tolist()
         wall = time.perf_counter() - t0
         if step in timed:
-            env.timer.end_step(bs=bs, tokens=sum(lens))
+            env.timer.rows[-1]["tokens"] = sum(lens)
         band = w.ddtree_band_log[-1]
         for b, r in enumerate(running):
             n = lens[b]
@@ -1508,7 +1735,7 @@ def phase_identity(args, res):
     max_ctx = 32 + max_new + 2 * 32 + 16
     t0 = time.time()
     env = Env(args, V=args.vocab, max_reqs=n_req + 1, max_ctx=max_ctx, block=8,
-              configs={"id": (ID_SCHEDULE, list(range(1, n_req + 1)))}, seed=11)
+              configs={"id": (args.id_schedule or ID_SCHEDULE, list(range(1, n_req + 1)))}, seed=11)
     res["identity_setup_s"] = round(time.time() - t0, 1)
     g = random.Random(5)
     prompts = [[g.randrange(args.vocab) for _ in range(p[1])] for p in plan]
@@ -1551,6 +1778,8 @@ def phase_identity(args, res):
         mismatches=bad[:8], n_mismatch=len(bad), min_ref_top2_gap=float(gaps.min()),
         bs_path=[s["bs"] for s in steps], bands_seen=bands_seen, band_changes=transitions,
         verify_graph_replays=verify_replays, verify_eager=env.mr.eager_forwards,
+        verify_graph_replays_by_width={str(w_): rn.replays for w_, rn in sorted(env.runners.items())},
+        steps_by_budget={str(b): sum(1 for s in steps if s["budget"] == b) for b in sorted({s["budget"] for s in steps})},
         draft_graph_replays=(w._h_graphs.replays if w._h_graphs else 0), draft_eager=env.draft_runner.eager,
         steps_graph=sum(1 for s in steps if s["can_run_cuda_graph"]),
         mean_accept_len=sum(acc) / max(1, len(acc)), drafter_ctx_max_abs_err=ctx_err,
@@ -1572,7 +1801,7 @@ def phase_sampling(args, res):
     autoregressive distribution of the first two generated tokens on a small
     vocabulary (chi-square goodness of fit; a control of the same size sampled
     autoregressively)."""
-    V, Tmp, bs = args.sample_vocab, args.temperature, 128
+    V, Tmp, bs = args.sample_vocab, args.temperature, max(args.sample_bs, args.sample_vocab)
     env = Env(args, V=V, max_reqs=bs + 1, max_ctx=160, block=8, configs={"s": ("1:16", [bs])}, seed=21,
               logit_scale=args.sample_logit_scale)
     g = random.Random(9)
@@ -1661,7 +1890,7 @@ def phase_breakdown(args, res):
     for bs in bss:
         rows = list(range(1, bs + 1))
         prompts = [[g.randrange(args.vocab) for _ in range(32)] for _ in rows]
-        ar_t = StepTimer(cuda=True)
+        ar_t = StepTimer(cuda=on_cuda())
         refs, _, _ = env.ar_greedy(rows, prompts, n_ref, use_graph=True, timer=ar_t)
         ar = StepTimer.summarize(ar_t.rows, skip=5)
         for r, s in zip(rows, refs):
@@ -1691,9 +1920,46 @@ def phase_breakdown(args, res):
             log(f"[breakdown] {name} bs {bs} budget {row['budget']}: step {1e3 * s.get('gpu_total', 0):.3f} ms "
                 f"(wall {1e3 * s.get('wall_total', 0):.3f}), non-forward {1e3 * nf:.3f} ms, accept len "
                 f"{row['accept_len']:.2f}, AR step {1e3 * ar.get('gpu_total', 0):.3f} ms, mismatches {mism}")
+            if bs == min(bss):  # where the Python between the kernels shows most: a profile of a few steps
+                res.setdefault("profile", {})[f"{name}_bs{bs}"] = profile_steps(env, w, rows, prompts, args.prof_steps)
     res["breakdown"] = out
     res["breakdown_table"] = breakdown_table(out)
+    res["breakdown_table_wall"] = breakdown_table(out, "wall")
+    log("CUDA events (GPU stream spans), ms per step, medians:")
     log(res["breakdown_table"])
+    log("host wall clock, ms per step, medians:")
+    log(res["breakdown_table_wall"])
+
+
+def profile_steps(env, w, rows, prompts, n):
+    """cProfile of ``n`` decode steps (fresh requests): the functions with the
+    most own time, ms per step."""
+    import cProfile
+    import pstats
+
+    if n <= 0:
+        return []
+    reqs = [new_request(r, p, 10 ** 6) for r, p in zip(rows, prompts)]
+    decode_loop(env, w, reqs, max_steps=2)  # warm
+    reqs = [new_request(r, p, 10 ** 6) for r, p in zip(rows, prompts)]
+    prof = cProfile.Profile()
+    prof.enable()
+    decode_loop(env, w, reqs, max_steps=n)
+    sync()
+    prof.disable()
+    st = pstats.Stats(prof)
+    rows_out = []
+    for (fn, line, name), (cc, nc, tt, ct, _) in st.stats.items():
+        short = "/".join(fn.split(os.sep)[-2:])
+        rows_out.append(dict(func=f"{short}:{line}({name})", calls_per_step=round(nc / n, 1),
+                             own_ms_per_step=round(1e3 * tt / n, 4), cum_ms_per_step=round(1e3 * ct / n, 4)))
+    rows_out.sort(key=lambda r: -r["own_ms_per_step"])
+    tot = sum(r["own_ms_per_step"] for r in rows_out)
+    log(f"[profile] {n} steps, bs {len(rows)}: {tot:.3f} ms/step under cProfile; most own time:")
+    for r in rows_out[:15]:
+        log(f"  {r['own_ms_per_step']:8.4f} ms  {r['calls_per_step']:6.1f} calls  {r['func']}")
+    by_cum = sorted(rows_out, key=lambda r: -r["cum_ms_per_step"])[:40]
+    return dict(total_own_ms_per_step=round(tot, 3), top_own=rows_out[:40], top_cum=by_cum)
 
 
 # ---------------------------------------------------------------------------
@@ -1720,11 +1986,25 @@ def parse_args(argv=None):
     ap.add_argument("--sample-logit-scale", type=float, default=2.0)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--sample-rounds", type=int, default=40)
+    ap.add_argument("--sample-bs", type=int, default=128, help="requests per sampling round (>= --sample-vocab)")
     ap.add_argument("--bd-bs", type=int, nargs="+", default=[1, 8, 32, 128])
     ap.add_argument("--bd-warmup", type=int, default=5)
     ap.add_argument("--bd-steps", type=int, default=30)
+    ap.add_argument("--prof-steps", type=int, default=20, help="decode steps under cProfile at the smallest bs")
+    ap.add_argument("--id-schedule", default=None, help="the identity phase's schedule (default ID_SCHEDULE)")
     ap.add_argument("--cpu-smoke", action="store_true", help="the device-agnostic parts only (CI)")
-    return ap.parse_args(argv)
+    ap.add_argument("--dry-cpu", action="store_true",
+                    help="every phase on the CPU at toy sizes: TRITON_INTERPRET=1, graphs emulated, the CUDA-only "
+                         "speculative kernels replaced (catches harness errors before a device call)")
+    a = ap.parse_args(argv)
+    if a.dry_cpu:  # toy sizes unless given
+        given = {x.split("=")[0] for x in (argv if argv is not None else sys.argv[1:]) if x.startswith("--")}
+        for k, v in dict(vocab=64, hidden=32, layers=1, heads=2, head_dim=16, id_requests=4, id_min_new=12,
+                         id_max_new=20, id_schedule="1:8,2:4,3:0", sample_vocab=8, sample_rounds=2, sample_bs=8,
+                         bd_bs=[1, 4], bd_warmup=1, bd_steps=2, prof_steps=2).items():
+            if "--" + k.replace("_", "-") not in given:
+                setattr(a, k, v)
+    return a
 
 
 def cpu_smoke():
@@ -1763,6 +2043,10 @@ def main(argv=None):
         print(json.dumps({k: v for k, v in r.items() if k != "table"}, default=str)[:2000])
         print(r["table"])
         return 0
+    if args.dry_cpu:
+        DEV[0] = "cpu"
+        os.environ["TRITON_INTERPRET"] = "1"
+        dry_cpu_interpreter()
     if args.site:
         sys.path.insert(0, os.path.abspath(args.site))
     os.makedirs(args.out, exist_ok=True)
@@ -1776,12 +2060,13 @@ def main(argv=None):
 
     import triton
 
-    log(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
+    log(f"torch {torch.__version__}, triton {triton.__version__}, "
+        f"{torch.cuda.get_device_name() if on_cuda() else 'CPU dry run (Triton interpreter, emulated graphs)'}")
     rc = 0
     with torch.inference_mode():
         try:
             import_sglang(args)
-            jit_check("cuda")
+            jit_check(DEV[0])
             log("[sglang] " + json.dumps(PROVENANCE, default=str))
         except Exception:
             res["import_error"] = traceback.format_exc()
@@ -1797,7 +2082,8 @@ def main(argv=None):
                 log(res[f"{ph}_error"])
                 rc = 1
             res[f"{ph}_s"] = round(time.time() - t0, 1)
-            torch.cuda.empty_cache()
+            if on_cuda():
+                torch.cuda.empty_cache()
             dump()
     for k in ("identity", "sampling"):
         if k in res and not res[k].get("ok"):

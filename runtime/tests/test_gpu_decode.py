@@ -66,8 +66,55 @@ def test_step_timer_nesting_and_table():
     t.end_step(bs=2)
     r = t.rows[0]
     assert r["wall_draft_fwd"] > 0 and r["wall_head_tree"] > 0 and r["wall_between"] >= 0
-    assert abs(sum(r[f"wall_{s}"] for s in gd.SEGMENTS) + r["wall_between"] - r["wall_total"]) < 1e-9
+    assert abs(sum(r[f"wall_{s}"] for s in gd.SEGMENTS) + r["wall_between"] - r["wall_host"]) < 1e-9
+    assert r["wall_total"] >= r["wall_host"]
     s = gd.StepTimer.summarize(t.rows)
     assert s["steps"] == 1 and gd.non_forward(s, "wall") >= s["wall_head_tree"]
     tab = gd.breakdown_table([dict(config="site", bs=8, budget=16, summary=s, ar=s, accept_len=2.5)])
     assert tab.count("\n") == 2 and "| site | 8 | 16 |" in tab
+
+
+def test_emulated_graph_replay_and_dry_defaults():
+    """The CPU dry run's graph stand-in: a replay re-runs the captured calls on
+    the static inputs and leaves the results in the captured outputs; the dry
+    run's toy sizes apply unless given."""
+    import torch
+
+    gd.DEV[0] = "cpu"
+    try:
+        x = torch.arange(4.0)
+        g, out = gd.capture_graph(lambda: (x * 2, x + 1))
+        assert isinstance(g, gd.EmulatedGraph) and out[0].tolist() == [0, 2, 4, 6]
+        ref = out[0]
+        x.copy_(torch.tensor([1.0, 1.0, 1.0, 1.0]))
+        g.replay()
+        assert ref is out[0] and out[0].tolist() == [2, 2, 2, 2] and out[1].tolist() == [2, 2, 2, 2]
+    finally:
+        gd.DEV[0] = "cuda"
+    a = gd.parse_args(["--dry-cpu", "--vocab", "128"])
+    assert a.vocab == 128 and a.hidden == 32 and a.bd_bs == [1, 4] and a.id_schedule == "1:8,2:4,3:0"
+    assert gd.parse_args([]).vocab == 32768 and gd.parse_args([]).id_schedule is None
+
+
+def test_ref_tree_sampling_contract():
+    """The dry run's plain-loop target-only tree sampler: a child holding the
+    drawn token is accepted (its predict slot holds it), else the drawn token
+    is the bonus; accept_index / accept_token_num as the kernel writes them."""
+    import torch
+
+    # one request, tree: root(0) -> children 1 (token 3), 2 (token 5); 1 -> 3 (token 7)
+    cand = torch.tensor([[9, 3, 5, 7]])
+    ridx = torch.tensor([[0, 1, 2, 3]])
+    nxt = torch.tensor([[1, 3, -1, -1]])
+    sib = torch.tensor([[-1, 2, -1, -1]])
+    V = 8
+    probs = torch.zeros(1, 4, V)
+    probs[0, 0, 3] = 1.0  # root: draws 3 -> child 1
+    probs[0, 1, 6] = 1.0  # node 1: draws 6 -> no child holds it: bonus 6
+    probs[0, 2:, 0] = 1.0
+    pred = torch.zeros(4, dtype=torch.int32)
+    acc = torch.full((1, 3), -1, dtype=torch.int32)
+    num = torch.zeros(1, dtype=torch.int32)
+    gd.ref_tree_sampling_target_only(pred, acc, num, cand, ridx, nxt, sib, torch.full((1, 4), 0.5),
+                                     torch.full((1,), 0.5), probs, torch.zeros_like(probs))
+    assert num.tolist() == [1] and acc.tolist() == [[0, 1, -1]] and pred[0] == 3 and pred[1] == 6
