@@ -305,12 +305,13 @@ def test_a_window_shorter_than_the_units_restart_delay_is_refused_before_anythin
     assert snapshot(wl.lab) == before
 
 
-def test_the_watch_judges_the_live_release_again_after_a_tune(wl, ops):
+def test_the_watch_judges_the_live_release_again_after_a_tune(wl, ops, tmp_path):
     """Issue #32 item 4: a tune's trials and its restore (`action: tune`) end a deploy-like operation
     for the watch; it used to stay in `deploying` for good and miss every later collapse."""
     lab = wl.lab
     before = current(lab)
-    rc, out, err = ops.json("tune", "ddtree", "--budgets", "4", "--concurrency", "1", "--yes", inventory=wl.inv)
+    rc, out, err = ops.json("tune", "ddtree", "--budgets", "4", "--concurrency", "1", "--yes",
+                            "--out", str(tmp_path / "tune"), inventory=wl.inv)
     assert rc == 0, err
     assert current(lab) == before and [r["action"] for r in ledger(lab)][-1] == "tune"
     st = wait_for(lambda: (s := watch_status(ops, wl.inv))["summary"]["state"] not in ("deploying", "starting")
