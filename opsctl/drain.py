@@ -132,7 +132,8 @@ class Gap:
     from_release: str | None
     to_release: str | None
     deadline_s: float
-    drain: bool = True               # False: opsctl.drain.enabled is false (a plain restart)
+    drain: bool = True               # False: nothing was drained (the drain is off, or nothing served)
+    enabled: bool = True             # opsctl.drain.enabled
     hooks: bool = False
     out_at: float | None = None      # left the pool (the out hook ran; else the drain began)
     stop_at: float | None = None     # SIGTERM: /health turns 503, no further request is waited for

@@ -473,7 +473,7 @@ def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile,
             started = True
             if fallbacks:
                 arm_guard(conn, host, fallbacks, host.settings.guard_s or profile.readiness_timeout_s + 1800,
-                          expect=plan.release)
+                          expect=plan.release, drain_s=gap.deadline_s if gap.enabled else None)
             t0 = steps.start("switch", f"{previous or 'none'} -> {plan.release}")
             since = switch_drained(conn, host, plan.release, gap, switch)
             switched = True

@@ -29,7 +29,7 @@ SWITCH_ROOM = 16 << 20          # bytes a switch needs free under the install ro
 
 
 def arm_guard(conn: Connection, host: HostConfig, fallbacks: str | list[str], seconds: int,
-              expect: str | None = None) -> None:
+              expect: str | None = None, drain_s: float | None = None) -> None:
     """A transient timer on the host that puts the first of `fallbacks` that becomes ready back
     unless disarmed (`<root>/bin/opsctl-guard`: it records `rollback ok` only once the release
     it switched to is ready, else `rollback failed`, and tries the next, issue #32 item 5)."""
@@ -41,7 +41,7 @@ def arm_guard(conn: Connection, host: HostConfig, fallbacks: str | list[str], se
     # still live, and records itself under the inventory's host name
     argv = [str(host.host_python), f"{root}/bin/{GUARD_PROGRAM}", "--root", str(root), "--service",
             host.service_name, "--host", host.name, "--port", str(host.http_port), "--min-free", str(SWITCH_ROOM),
-            "--expect", expect or "", "--", *targets]
+            "--expect", expect or "", *(["--drain-deadline", f"{drain_s:g}"] if drain_s else []), "--", *targets]
     conn.run(f"systemctl stop {unit}.timer {unit}.service >/dev/null 2>&1; systemctl reset-failed {unit}.timer "
              f"{unit}.service >/dev/null 2>&1; systemd-run --quiet --unit {unit} --on-active={seconds}s "
              f"--timer-property=AccuracySec=1s flock -w 900 {shlex.quote(f'{root}/.lock')} "
@@ -115,7 +115,8 @@ def drain_before_switch(conn: Connection, host: HostConfig, *, why: str, from_re
     Returns the Gap that switch_drained, the ready step and `back_in_pool` fill in."""
     steps = steps or Steps(noop, host.name)
     cfg = host.settings.drain
-    gap = Gap(why, from_release, to_release, float(deadline_s), drain=cfg.enabled, hooks=cfg.hooks.out is not None)
+    gap = Gap(why, from_release, to_release, float(deadline_s), drain=cfg.enabled, enabled=cfg.enabled,
+              hooks=cfg.hooks.out is not None)
     active = facts.get(conn, facts.ServiceState(host.unit_name, ("ActiveState",))).get("ActiveState")
     if active != "active":  # nothing serves: nothing to drain
         gap.drain = False

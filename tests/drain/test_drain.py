@@ -269,9 +269,12 @@ def test_ctrl_c_during_the_drain_puts_the_host_back_in_the_pool_and_switches_not
             return super().run(command, **kw)
 
     fake = Interrupting([2])
-    with BRAKE.engaged():
-        with pytest.raises(Interrupted) as err:
-            drain_before_switch(fake, host, why="deploy", from_release="a", to_release="b", deadline_s=30)
+    try:
+        with BRAKE.engaged():
+            with pytest.raises(Interrupted) as err:
+                drain_before_switch(fake, host, why="deploy", from_release="a", to_release="b", deadline_s=30)
+    finally:
+        BRAKE.reset()   # the brake is process-wide: the next test starts with no signal counted
     assert err.value.exit_code == 130 and err.value.details["switched"] is False
     assert "nothing live changed" in err.value.problem and "back in the pool" in err.value.problem
     assert log.read_text().split() == ["out", "in"]
@@ -343,3 +346,65 @@ def test_tune_states_its_restarts_and_projected_outage():
     text = p.describe()
     assert text.startswith("4 restart(s) of SGLang") and "31 min" in text and "time scale 500" in text
     assert "unknown" in RestartPlan(3, None, None, 300.0).describe()
+
+
+# --------------------------------------------------------------------------- the host side (guard, watch)
+
+
+def _host_drain_fn():
+    """drain_server as the guard ships it (playbooks/files/opsctl-guard, stdlib) and as the watch has it."""
+    import importlib.machinery
+    import importlib.util
+
+    from opsctl.watch import agent
+
+    loader = importlib.machinery.SourceFileLoader("opsctl_guard", str(REPO / "playbooks/files/opsctl-guard"))
+    spec = importlib.util.spec_from_loader("opsctl_guard", loader)
+    guard = importlib.util.module_from_spec(spec)
+    loader.exec_module(guard)
+    return guard.drain_server, agent.drain_server
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_the_guard_and_the_watch_drain_on_v1_loads_up_to_their_deadline(which, monkeypatch):
+    import http.server
+    import threading
+
+    drain_server = _host_drain_fn()[which]
+    counts = [2, 1, 0]
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            n = counts.pop(0) if len(counts) > 1 else counts[0]
+            body = json.dumps({"loads": [{"num_running_reqs": n, "num_waiting_reqs": 0}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    calls = []
+
+    def fake_run(argv, **kw):
+        calls.append(argv)
+        from types import SimpleNamespace
+
+        return SimpleNamespace(stdout="active\n", returncode=0)
+
+    try:
+        port = srv.server_address[1]
+        d = drain_server("sglang-k26.service", port, 5, 0.01, _run=fake_run)
+        assert d["inflight_at_start"] == 2 and d["aborted"] == 0 and d["drained"]
+        assert ["systemctl", "kill", "--kill-whom=main", "--signal=SIGTERM", "sglang-k26.service"] in calls
+        assert not any("--signal=SIGKILL" in a for a in calls)
+        counts[:] = [3]
+        calls.clear()
+        d = drain_server("sglang-k26.service", port, 0.1, 0.02, _run=fake_run)
+        assert d["aborted"] == 3 and any("--signal=SIGKILL" in a for a in calls)
+        assert drain_server("u", port, 0, _run=fake_run)["drained"] is False
+    finally:
+        srv.shutdown()
