@@ -77,10 +77,38 @@ def switch(conn: Connection, host: HostConfig, release: str) -> int:
     return since
 
 
+def drain_guard_unit(host: HostConfig) -> str:
+    return f"opsctl-drain-{host.service_name}"
+
+
+DRAIN_GUARD_MARGIN_S = 15   # past the drain's deadline: the controller switches right after it
+
+
+def arm_drain_guard(conn: Connection, host: HostConfig, deadline_s: float) -> None:
+    """Before the drain stops the live server: a transient timer on the host that starts it again
+    unless the switch (or the controller's own restart) disarms it first. A controller killed
+    (-9, a lost link) between that SIGTERM and the switch would otherwise leave the host serving
+    nothing once its requests finished: with it, the old release serves again at most the
+    deadline + DRAIN_GUARD_MARGIN_S after the drain began."""
+    unit, svc = drain_guard_unit(host), shlex.quote(host.unit_name)
+    conn.run(f"systemctl stop {unit}.timer {unit}.service >/dev/null 2>&1; systemctl reset-failed {unit}.timer "
+             f"{unit}.service >/dev/null 2>&1; systemd-run --quiet --unit {unit} "
+             f"--on-active={int(deadline_s) + DRAIN_GUARD_MARGIN_S}s --timer-property=AccuracySec=1s "
+             f"systemctl restart --no-block {svc}", check=True)
+
+
+def disarm_drain_guard(conn: Connection, host: HostConfig) -> None:
+    unit = drain_guard_unit(host)
+    conn.run(f"systemctl stop {unit}.timer {unit}.service >/dev/null 2>&1; "
+             f"systemctl reset-failed {unit}.timer {unit}.service >/dev/null 2>&1; true", check=False)
+
+
 def switch_drained(conn: Connection, host: HostConfig, release: str, gap: Gap, do_switch=None) -> int:
     """`switch` after drain_before_switch: a drain that reached its deadline with requests still
     running ends them first (counted in `gap.aborted`: SGLang would wait for them with no deadline
     of its own); the stop's times go on `gap`. `do_switch`: the caller's switch (its module's)."""
+    if gap.stop_at is not None:   # the drain stopped the server and armed its restart: the switch starts it
+        disarm_drain_guard(conn, host)
     if gap.deadline_hit and gap.aborted:
         conn.run(f"systemctl kill --signal=SIGKILL {shlex.quote(host.unit_name)} >/dev/null 2>&1; true", check=False)
     if gap.stop_at is None:
@@ -144,6 +172,7 @@ def drain_before_switch(conn: Connection, host: HostConfig, *, why: str, from_re
                           f"{from_release or 'nothing'} (nothing live changed){back}",
                           "run the same command again when ready", signal_name=exc.signal_name,
                           details={"step": "drain", "switched": False}) from None
+    arm_drain_guard(conn, host, deadline_s)   # a controller lost from here on: the old release starts again
     gap.stop_at = gap.now()
     conn.run(f"systemctl kill --kill-whom=main --signal=SIGTERM {shlex.quote(host.unit_name)}", check=False)
     try:
@@ -151,6 +180,7 @@ def drain_before_switch(conn: Connection, host: HostConfig, *, why: str, from_re
     except Interrupted as exc:
         with BRAKE.shielded(f"restarting {from_release or 'the live release'}: the drain stopped it"):
             conn.run(f"systemctl restart --no-block {shlex.quote(host.unit_name)}", check=False)
+            disarm_drain_guard(conn, host)
             ok = _wait_health(conn, host, readiness_timeout_s)
             back = _in_hook_quietly(host, steps)
         steps.done("drain", t0, "interrupted: the live release was restarted, nothing switched", status="fail")

@@ -231,6 +231,26 @@ def test_hooks_get_the_hosts_name_and_address_and_the_drain_waits_for_in_flight(
     assert line["why"] == "deploy" and line["inflight_at_start"] == 3 and line["aborted"] == 0
 
 
+def test_a_controller_lost_after_the_drain_stopped_the_server_leaves_a_timer_that_starts_it_again(tmp_path):
+    """The SIGTERM ends the live server once its requests finish; the switch that starts the next
+    one is the controller's. A timer armed on the host before that SIGTERM restarts the old
+    release unless the switch disarms it: a controller killed in between cannot leave the host dark."""
+    from opsctl.flow.switch import drain_before_switch, drain_guard_unit, switch_drained
+
+    host = _host(tmp_path, "drain:\n  poll_s: 0.01\n")
+    fake = FakeHost([1, 0])
+    gap = drain_before_switch(fake, host, why="deploy", from_release="a", to_release="b", deadline_s=30)
+    unit = drain_guard_unit(host)
+    arm = fake.sent(f"systemd-run --quiet --unit {unit} ")
+    term = [i for i, c in enumerate(fake.commands) if "--signal=SIGTERM" in c]
+    assert arm and term and fake.commands.index(arm[0]) < term[0]          # armed before the server is stopped
+    assert "--on-active=45s" in arm[0] and f"systemctl restart --no-block {host.unit_name}" in arm[0]
+    n = len(fake.commands)
+    switch_drained(fake, host, "b", gap, lambda conn, h, rel: fake.commands.append("SWITCH") or 0)
+    after = fake.commands[n:]
+    assert any(c.startswith(f"systemctl stop {unit}.timer") for c in after[:after.index("SWITCH")])
+
+
 def test_requests_running_at_the_deadline_are_counted_and_cut_by_the_switch(tmp_path):
     from opsctl.flow.switch import drain_before_switch, switch_drained
 
