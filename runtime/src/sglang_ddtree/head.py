@@ -299,7 +299,7 @@ class DraftTreeHead:
 
     def _torch(self, hid, bs, root, out):
         """The same steps in torch (CPU; no fused kernels)."""
-        from .worker import merge_shard_tops
+        from .shards import merge_shard_tops
 
         L, K, B, dev = self.L, self.K, self.budget, self.device
         rows = bs * L

@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import cuda as tl_cuda
 
-from .tree import DEPTH_EPS, DDTrees
+from .ddtrees import DEPTH_EPS, DDTrees
 
 
 

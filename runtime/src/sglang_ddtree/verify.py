@@ -24,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from .tree import DDTrees
+from .ddtrees import DDTrees
 
 __all__ = [
     "VerifyTensors",

@@ -1,0 +1,120 @@
+"""The GPU decode harness (bench/gpu_decode.py) on the CPU: what runs without a
+GPU -- its statistics (the chi-square test the sampling check uses), the
+request plan (the batch grows and shrinks), the oracle drafter's coin, the
+step-cost accounting and the report table -- through the script's own
+``--cpu-smoke`` entry point, in a fresh interpreter (no sglang import)."""
+
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCH = os.path.join(os.path.dirname(HERE), "bench")
+sys.path.insert(0, BENCH)
+
+import gpu_decode as gd  # noqa: E402
+
+
+def test_cpu_smoke_entry_point():
+    p = subprocess.run([sys.executable, os.path.join(BENCH, "gpu_decode.py"), "--cpu-smoke"], capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout.splitlines()[0])
+    assert r["chi2_p_same"] > 1e-3 and r["chi2_p_shifted"] < 1e-6
+    assert abs(r["hit_rate"] - 0.8) < 0.02
+    assert "| b16 | 1 | 16 |" in p.stdout
+
+
+def test_chi2_calibration():
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    p = torch.softmax(torch.randn(30, generator=g), 0)
+    ps = []
+    for _ in range(40):
+        c = torch.bincount(torch.multinomial(p, 2000, replacement=True, generator=g), minlength=30).tolist()
+        ps.append(gd.chi2_gof(c, p.tolist())[2])
+    # p-values of a true null are ~uniform: few tiny ones, median near 0.5
+    assert sum(x < 0.01 for x in ps) <= 3 and 0.2 < sorted(ps)[20] < 0.8
+    assert abs(gd.chi2_sf(3.84, 1) - 0.05) < 1e-3 and abs(gd.chi2_sf(18.31, 10) - 0.05) < 1e-3
+    # dict cells with a remainder cell; pooling of small cells
+    st, dof, pv = gd.chi2_gof({(0, 0): 50, (0, 1): 50}, {(0, 0): 0.5, (0, 1): 0.5})
+    assert dof == 1 and pv > 0.99
+
+
+def test_grow_shrink_plan_and_bands():
+    plan = gd.grow_shrink_plan(16, seed=3, min_new=160, max_new=420)
+    arrivals = sorted({a for a, _, _ in plan})
+    sizes = [sum(1 for a, _, _ in plan if a <= t) for t in arrivals]
+    assert len(plan) == 16 and sizes == [1, 2, 4, 8, 16]
+    assert all(160 <= n <= 420 and 4 <= p <= 24 for _, p, n in plan)
+    # the identity schedule routes bs 1..16 to all four bands (graphs at every bs)
+    budgets = [gd._budget_for(gd.ID_SCHEDULE, bs, list(range(1, 17))) for bs in range(1, 17)]
+    assert sorted(set(budgets)) == [0, 8, 16, 32] and budgets[0] == 32 and budgets[-1] == 0
+    assert [gd._budget_for(gd.SITE_SCHEDULE, bs, [1, 8, 32, 128]) for bs in (1, 8, 32, 128)] == [32, 16, 8, 0]
+
+
+def test_step_timer_nesting_and_table():
+    t = gd.StepTimer(cuda=False)
+    t.start_step()
+    with t.seg("draft_fwd"):
+        with t.seg("head_tree"):
+            pass
+    with t.seg("head_tree"):
+        pass
+    t.end_step(bs=2)
+    r = t.rows[0]
+    assert r["wall_draft_fwd"] > 0 and r["wall_head_tree"] > 0 and r["wall_between"] >= 0
+    assert abs(sum(r[f"wall_{s}"] for s in gd.SEGMENTS) + r["wall_between"] - r["wall_host"]) < 1e-9
+    assert r["wall_total"] >= r["wall_host"]
+    s = gd.StepTimer.summarize(t.rows)
+    assert s["steps"] == 1 and gd.non_forward(s, "wall") >= s["wall_head_tree"]
+    tab = gd.breakdown_table([dict(config="site", bs=8, budget=16, summary=s, ar=s, accept_len=2.5)])
+    assert tab.count("\n") == 2 and "| site | 8 | 16 |" in tab
+
+
+def test_emulated_graph_replay_and_dry_defaults():
+    """The CPU dry run's graph stand-in: a replay re-runs the captured calls on
+    the static inputs and leaves the results in the captured outputs; the dry
+    run's toy sizes apply unless given."""
+    import torch
+
+    gd.DEV[0] = "cpu"
+    try:
+        x = torch.arange(4.0)
+        g, out = gd.capture_graph(lambda: (x * 2, x + 1))
+        assert isinstance(g, gd.EmulatedGraph) and out[0].tolist() == [0, 2, 4, 6]
+        ref = out[0]
+        x.copy_(torch.tensor([1.0, 1.0, 1.0, 1.0]))
+        g.replay()
+        assert ref is out[0] and out[0].tolist() == [2, 2, 2, 2] and out[1].tolist() == [2, 2, 2, 2]
+    finally:
+        gd.DEV[0] = "cuda"
+    a = gd.parse_args(["--dry-cpu", "--vocab", "128"])
+    assert a.vocab == 128 and a.hidden == 32 and a.bd_bs == [1, 4] and a.id_schedule == "1:8,2:4,3:0"
+    assert gd.parse_args([]).vocab == 32768 and gd.parse_args([]).id_schedule is None
+
+
+def test_ref_tree_sampling_contract():
+    """The dry run's plain-loop target-only tree sampler: a child holding the
+    drawn token is accepted (its predict slot holds it), else the drawn token
+    is the bonus; accept_index / accept_token_num as the kernel writes them."""
+    import torch
+
+    # one request, tree: root(0) -> children 1 (token 3), 2 (token 5); 1 -> 3 (token 7)
+    cand = torch.tensor([[9, 3, 5, 7]])
+    ridx = torch.tensor([[0, 1, 2, 3]])
+    nxt = torch.tensor([[1, 3, -1, -1]])
+    sib = torch.tensor([[-1, 2, -1, -1]])
+    V = 8
+    probs = torch.zeros(1, 4, V)
+    probs[0, 0, 3] = 1.0  # root: draws 3 -> child 1
+    probs[0, 1, 6] = 1.0  # node 1: draws 6 -> no child holds it: bonus 6
+    probs[0, 2:, 0] = 1.0
+    pred = torch.zeros(4, dtype=torch.int32)
+    acc = torch.full((1, 3), -1, dtype=torch.int32)
+    num = torch.zeros(1, dtype=torch.int32)
+    gd.ref_tree_sampling_target_only(pred, acc, num, cand, ridx, nxt, sib, torch.full((1, 4), 0.5),
+                                     torch.full((1,), 0.5), probs, torch.zeros_like(probs))
+    assert num.tolist() == [1] and acc.tolist() == [[0, 1, -1]] and pred[0] == 3 and pred[1] == 6
