@@ -36,7 +36,7 @@ pytestmark = pytest.mark.lab
 # long requests, a fixed number of workers; a worker stops sending once /health is not 200 (the
 # balancer took the host out) and records every request: its status and the tokens it got
 STREAM_PY = r'''
-import json, sys, threading, time, urllib.error, urllib.request
+import json, os, sys, threading, time, urllib.error, urllib.request
 a = json.loads(sys.argv[1])
 lock = threading.Lock()
 reqs = []
@@ -52,6 +52,9 @@ def healthy():
 def worker(i):
     end = time.monotonic() + a["duration_s"]
     while time.monotonic() < end and not stop[0]:
+        if a.get("stop_file") and os.path.exists(a["stop_file"]):
+            stop[0] = True          # the balancer's out hook took the host out: no new request
+            return
         if not healthy():
             stop[0] = True          # the balancer takes the host out: no new request
             return
@@ -83,9 +86,9 @@ open(a["result"], "w").write(json.dumps(reqs))
 '''
 
 
-def start_stream(lab, *, workers: int = 3, tokens: int = 900, duration_s: float = 45) -> None:
+def start_stream(lab, *, workers: int = 3, tokens: int = 900, duration_s: float = 45, stop_file: str = "") -> None:
     args = {"url": "http://127.0.0.1:30000", "workers": workers, "tokens": tokens, "duration_s": duration_s,
-            "result": RESULT}
+            "result": RESULT, "stop_file": stop_file}
     lab.run("mkdir -p /run/opsctl-lab && cat > /run/opsctl-lab/stream.py", stdin=STREAM_PY, check=True, timeout=15)
     lab.run(f"systemctl stop {UNIT} 2>/dev/null; systemctl reset-failed {UNIT} 2>/dev/null; rm -f {RESULT}; "
             f"systemd-run --quiet --unit {UNIT} -p RuntimeMaxSec={int(duration_s) + 120} /usr/bin/python3 "
@@ -163,8 +166,15 @@ def served(baselined, lab_host):
 
 
 def test_a_deploy_drains_a_stream_of_long_requests_without_aborting_one(served, lab_host, tmp_path):
-    inv = drain_inventory(served.inventory_dir, tmp_path / "inv", deadline_s=60, poll_s=0.2)
-    start_stream(lab_host, workers=3, tokens=900)             # ~5 s each
+    # the balancer: the out hook tells the stream to send no more (a request sent between the drain's
+    # last idle poll and the switch would otherwise be cut: 0.5.23 admits while it drains)
+    import shlex
+
+    stop_file = "/run/opsctl-lab/stream.stop"
+    lab_host.run(f"rm -f {stop_file}")
+    inv = drain_inventory(served.inventory_dir, tmp_path / "inv", deadline_s=60, poll_s=0.2,
+                          hooks={"out": {"command": shlex.join(lab_host.ssh_argv(f"touch {stop_file}"))}})
+    start_stream(lab_host, workers=3, tokens=900, stop_file=stop_file)   # ~5 s each
     assert_within = time.monotonic() + 10
     while running(lab_host) < 3 and time.monotonic() < assert_within:
         time.sleep(0.1)
