@@ -11,6 +11,7 @@ ConfigError naming the file:line that set it, when the inventory loads.
 """
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -325,6 +326,62 @@ def watch_window_problem(settings: "HostSettings") -> tuple[tuple, str, str] | N
     return None
 
 
+class DrainHook(_Strict):
+    """One load-balancer hook (`opsctl.drain.hooks.out` / `.in`): a command run on the controller
+    (`/bin/sh -c`, with OPSCTL_HOST, OPSCTL_ADDRESS, OPSCTL_PORT, OPSCTL_DRAIN=out|in in its env and
+    the host's name and address as $1 and $2), or an HTTP call (the same fields as a JSON body)."""
+
+    command: str | None = Field(None, description="run with /bin/sh -c on the controller; exit 0 = done")
+    url: str | None = Field(None, description="HTTP(S) URL called with the host's name and address (JSON body)")
+    method: Literal["POST", "PUT", "DELETE", "GET"] = "POST"
+    timeout_s: float = Field(30.0, gt=0, le=600)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[^\s/]+", v):
+            raise ValueError("url must be an http:// or https:// URL")
+        return v
+
+    @model_validator(mode="after")
+    def _one(self) -> "DrainHook":
+        if (self.command is None) == (self.url is None):
+            raise ValueError("a drain hook is either a command or a url (exactly one of them)")
+        return self
+
+
+class DrainHooks(_Strict):
+    out: DrainHook | None = Field(None, description="takes the host out of the load balancer's pool before a switch")
+    in_: DrainHook | None = Field(None, alias="in", description="puts it back once the server is ready (or the "
+                                  "switch was called off)")
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+DRAIN_DEADLINE_MAX_S = 600      # the derived deadline's cap (10 min)
+DRAIN_DEADLINE_DEFAULT_S = 300  # without a stored bench to derive it from
+
+
+class DrainSettings(_Strict):
+    """`opsctl.drain`: drain the host before every switch (opsctl/drain.py, opsctl/flow/switch.py)."""
+
+    enabled: bool = True
+    hooks: DrainHooks = Field(default_factory=DrainHooks)
+    deadline_s: float | None = Field(None, gt=0, le=3600, description="longest wait for in-flight requests; default: "
+                                     "the stored baseline bench's p99 request time x 2, at most 600 s; "
+                                     "300 s without one")
+    poll_s: float = Field(1.0, gt=0, le=60, description="seconds between two reads of /v1/loads")
+
+    @property
+    def timeout_stop_sec(self) -> int:
+        """The unit's TimeoutStopSec: above the longest drain (the deadline, else its 600 s cap),
+        so systemd never cuts a drain short (SGLang 0.5.23 waits for in-flight requests on SIGTERM
+        with no deadline of its own); 120 s with the drain off."""
+        if not self.enabled:
+            return 120
+        return int(max(120, math.ceil(self.deadline_s or DRAIN_DEADLINE_MAX_S) + 60))
+
+
 _SERIAL_PCT = re.compile(r"(\d+)%")
 
 
@@ -342,6 +399,8 @@ class RolloutPolicy(_Strict):
                         "release must still be active and healthy")
     on_failure: Literal["rollback_all", "hold"] = Field("rollback_all", description="rollback_all: every host that "
                                                         "took the release goes back; hold: earlier waves keep it")
+    max_unavailable: int = Field(1, ge=1, description="hosts out of the pool (draining, restarting) at once; a "
+                                 "wave larger than this switches its hosts in groups of this size")
 
     @field_validator("canary")
     @classmethod
@@ -397,6 +456,7 @@ class HostSettings(_Strict):
     gate: GatePolicy = Field(default_factory=GatePolicy)
     watch: WatchSettings = Field(default_factory=WatchSettings)
     rollout: RolloutPolicy = Field(default_factory=RolloutPolicy)
+    drain: DrainSettings = Field(default_factory=DrainSettings)
 
     @field_validator("service_name")
     @classmethod
@@ -941,14 +1001,18 @@ _SSH_FIX = ("SSH facts are Ansible's variables beside opsctl:, not under it (ans
 
 
 def _submodel(model: type[BaseModel], key: Any) -> type[BaseModel] | None:
-    field = model.model_fields.get(key) if isinstance(key, str) else None
+    field = next((f for n, f in model.model_fields.items() if (f.alias or n) == key), None) \
+        if isinstance(key, str) else None
     ann = field.annotation if field is not None else None
+    if ann is not None and not isinstance(ann, type):  # `Model | None`: the model
+        args = [a for a in getattr(ann, "__args__", ()) if a is not type(None)]
+        ann = args[0] if len(args) == 1 else None
     return ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
 
 
 def _settable(model: type[BaseModel]) -> list[str]:
-    # a profile's name is its key under opsctl.profiles, never a setting
-    return [f for f in model.model_fields if not (model is Profile and f == "name")]
+    # a profile's name is its key under opsctl.profiles, never a setting; a field's YAML key is its alias
+    return [f.alias or n for n, f in model.model_fields.items() if not (model is Profile and n == "name")]
 
 
 def _check_keys(data: Any, model: type[BaseModel], path: tuple[str, ...], head: "_Head") -> None:

@@ -149,6 +149,7 @@ def render(host: HostConfig, profile: Profile) -> Rendered:
         "sglang_version": host.runtime.sglang_version,
         "exec_start": " ".join(_systemd_quote(a) for a in argv), "env": env,
         "secrets": host.settings.secrets_file is not None, "restart_sec": host.settings.restart_sec,
+        "timeout_stop_sec": host.settings.drain.timeout_stop_sec,
     }
     tpl = _environment()
     profile_doc = profile.model_dump(mode="json")

@@ -51,6 +51,7 @@ class TrialResult:
     deploy_s: float = 0.0        # plan, stage, switch, ready, validate
     bench_s: float = 0.0
     schedule: str | None = None  # a budget-schedule trial ("1:16,8:4,32:0")
+    gap: dict | None = None      # its switch's serving gap (opsctl.drain.Gap.record)
 
     @property
     def label(self) -> str:
@@ -59,7 +60,7 @@ class TrialResult:
     def as_dict(self) -> dict:
         return {"budget": self.budget, "schedule": self.schedule, "release": self.release, "status": self.status,
                 "deploy_s": round(self.deploy_s, 1), "bench_s": round(self.bench_s, 1),
-                "levels": {str(c): vars(lv) for c, lv in self.levels.items()}}
+                "levels": {str(c): vars(lv) for c, lv in self.levels.items()}, "gap": self.gap}
 
 
 @dataclass
@@ -77,6 +78,12 @@ class TuneResult:
     restored: str | None = None
     restore_s: float = 0.0
     report: dict[str, str] = field(default_factory=dict)
+    restore_gap: dict | None = None
+
+    @property
+    def gaps(self) -> list[dict]:
+        """Every switch the tune made (each trial's, the restore's)."""
+        return [g for g in [*(t.gap for t in self.trials), self.restore_gap] if g]
 
     def as_dict(self) -> dict:
         return {"host": self.host, "profile": self.profile, "levels": self.levels,
@@ -84,7 +91,8 @@ class TuneResult:
                 "best": self.best, "schedule": self.schedule, "recommendation": self.recommendation,
                 "recommended_schedule": self.recommended_schedule,
                 "reason": self.reason, "restored": self.restored, "restore_s": round(self.restore_s, 1),
-                "report": self.report}
+                "report": self.report, "restore_gap": self.restore_gap,
+                "outage_s": round(sum(g.get("gap_s") or 0 for g in self.gaps), 2)}
 
 
 def parse_budgets(text: str) -> list[int]:
@@ -197,6 +205,70 @@ def _level_results(run, baseline, levels: list[int], confidence: float) -> dict[
     return out
 
 
+@dataclass
+class RestartPlan:
+    """What a tune will cost in restarts, before it starts (issue #35): one per trial and one for
+    the restore, each projected at the last start's seconds (the journal, opsctl.startup)."""
+
+    restarts: int
+    start_s: float | None          # the last start, at the site's scale in the lab (its emulator's figure)
+    time_scale: float | None       # the lab's; None on a real host
+    drain_deadline_s: float
+
+    @property
+    def projected_outage_s(self) -> float | None:
+        return round(self.restarts * self.start_s, 1) if self.start_s is not None else None
+
+    def as_dict(self) -> dict:
+        lab = (round(self.projected_outage_s / self.time_scale, 2)
+               if self.time_scale and self.projected_outage_s is not None else None)
+        return {"restarts": self.restarts, "start_s": self.start_s, "time_scale": self.time_scale,
+                "projected_outage_s": self.projected_outage_s, "projected_outage_lab_s": lab,
+                "drain_deadline_s": self.drain_deadline_s}
+
+    def describe(self) -> str:
+        from opsctl.drain import human_s
+
+        out = self.projected_outage_s
+        if out is None:
+            cost = "start time unknown (no start in the journal)"
+        elif self.time_scale:
+            cost = (f"~{human_s(out)} of outage at the site's scale ({human_s(self.start_s)} per start; "
+                    f"{human_s(out / self.time_scale)} in the lab, time scale {self.time_scale:g})")
+        else:
+            cost = f"~{human_s(out)} of outage ({human_s(self.start_s)} per start, the last start's)"
+        return (f"{self.restarts} restart(s) of SGLang (each trial and the restore): {cost}, plus up to "
+                f"{human_s(self.drain_deadline_s)} of drain before each")
+
+
+def restart_plan(inventory, budgets: list[int], *, schedule_trial: bool = True, limit: str | None = None) -> RestartPlan:
+    """How many restarts `tune` makes (each budget, the schedule trial when it runs, the restore)
+    and the projected outage from the last start's seconds in the host's journal."""
+    from opsctl import startup
+    from opsctl.flow.bench import drain_deadline_s
+    from opsctl.flow.steps import as_inventory
+    from opsctl.host import facts
+    from opsctl.host.connection import connect
+
+    inv = as_inventory(inventory)
+    host = inv.single(limit)
+    restarts = len(budgets) + (1 if schedule_trial and len(budgets) > 1 else 0) + 1
+    conn = connect(host)
+    try:
+        start_s = scale = None
+        began = facts.get(conn, facts.ServiceStartEpoch(host.unit_name))
+        if began is not None:
+            try:
+                st = startup.parse(facts.get(conn, facts.JournalWindow(host.unit_name, began - 5)))
+                start_s, scale = st.total_s, st.time_scale
+            except (OpsctlError, IndexError, ValueError):
+                pass
+        deadline = drain_deadline_s(conn, host)
+    finally:
+        conn.close()
+    return RestartPlan(restarts, start_s, scale, deadline)
+
+
 def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None, workload: str | None = None,
          limit: str | None = None, profile_name: str = "ddtree", progress: Callable[[dict], None] | None = None,
          report_dir: Path | None = None, schedule_trial: bool = True) -> TuneResult:
@@ -206,7 +278,8 @@ def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None,
     from opsctl.flow.promote import fallback_release
     from opsctl.flow.ready import wait_ready
     from opsctl.flow.steps import Steps, as_inventory, noop
-    from opsctl.flow.switch import disarm_guard, switch
+    from opsctl.flow.bench import drain_deadline_s
+    from opsctl.flow.switch import back_in_pool, switch_drained, disarm_guard, drain_before_switch, switch
     from opsctl.host.connection import connect
     from opsctl.releases import HostLock, append_ledger, read_state, release_profile
 
@@ -243,6 +316,7 @@ def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None,
     base_tok = {c: sum(x.output_throughput for x in baseline.at(c)) / max(len(baseline.at(c)), 1) for c in levels}
     trials: list[TrialResult] = []
     interrupted: Interrupted | None = None
+    restore_gap: dict | None = None
 
     def run_trial(profile, label: str, budget: int, schedule: str | None) -> None:
         timing = {"bench_s": 0.0}
@@ -263,7 +337,7 @@ def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None,
                              progress=progress, confirm=None, trial=bench)
             trials.append(TrialResult(budget, out.release, "measured", out.details["trial"]["levels"],
                                       time.monotonic() - t_trial - timing["bench_s"], timing["bench_s"],
-                                      schedule=schedule))
+                                      schedule=schedule, gap=out.details.get("gap")))
         except Interrupted:
             raise
         except OpsctlError as exc:  # the trial rolled itself back; the tune goes on
@@ -297,9 +371,13 @@ def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None,
                         now = read_state(conn, host)
                         disarm_guard(conn, host)
                         if now.current != restore or now.service.get("ActiveState") != "active":
+                            gap = drain_before_switch(conn, host, why="restore", from_release=now.current,
+                                                      to_release=restore, deadline_s=drain_deadline_s(conn, host),
+                                                      steps=steps)
                             t0 = steps.start("restore", f"{now.current or 'none'} -> {restore}")
-                            since = switch(conn, host, restore)
+                            since = switch_drained(conn, host, restore, gap, switch)
                             wait_ready(conn, host, release_profile(now.releases.get(restore), host), since, steps)
+                            restore_gap = back_in_pool(conn, host, gap, since, steps)
                             steps.done("restore", t0, f"{restore} serves again")
                         append_ledger(conn, host, {"action": "tune", "result": "interrupted" if interrupted else "ok",
                                                    "to_release": None, "restored": restore,
@@ -316,7 +394,7 @@ def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None,
     result = TuneResult(host.name, profile_name, levels, base_tok, trials, best, schedule_text(best, capture_bs),
                         rec.budget if rec is not None and not rec.schedule else None, reason,
                         recommended_schedule=rec.schedule if rec is not None else None,
-                        restored=restore, restore_s=restore_s)
+                        restored=restore, restore_s=restore_s, restore_gap=restore_gap)
     if report_dir is not None:
         result.report = write_tune_report(result, report_dir)
     return result

@@ -42,7 +42,8 @@ def reset_host(lab) -> None:
     lab.run("systemctl disable --now opsctl-watch-sglang-k26 opsctl-lab-load 2>/dev/null; rm -rf "
             "/etc/systemd/system/opsctl-watch-sglang-k26.service /opt/opsctl/watch.json /var/lib/opsctl-watch "
             "/run/opsctl-lab/crash_loop.json; systemctl reset-failed opsctl-lab-load 2>/dev/null; true", check=False)
-    lab.run("systemctl stop opsctl-guard-sglang-k26.timer sglang-k26 2>/dev/null; systemctl disable sglang-k26 "
+    lab.run("systemctl stop opsctl-guard-sglang-k26.timer opsctl-drain-sglang-k26.timer sglang-k26 2>/dev/null; "
+            "systemctl disable sglang-k26 "
             "2>/dev/null; rm -rf /opt/opsctl/releases /opt/opsctl/current /opt/opsctl/ledger.jsonl "
             "/opt/opsctl/baselines /opt/opsctl/shared/drafters /etc/systemd/system/sglang-k26.service; "
             "systemctl daemon-reload; systemctl reset-failed 2>/dev/null; true", check=False)

@@ -32,7 +32,7 @@ class _StepPrinter:
             if ev["status"] == "start":
                 _output.info(f"[{ev['host']}] {ev['step']:<10} ... {ev.get('detail', '')}".rstrip())
             else:
-                mark = "ok  " if ev["status"] == "ok" else "FAIL"
+                mark = {"ok": "ok  ", "warn": "WARN"}.get(ev["status"], "FAIL")
                 _output.info(f"[{ev['host']}] {ev['step']:<10} {mark} {ev.get('elapsed_s', 0):6.1f}s  {ev.get('detail', '')}")
         elif kind == "task" and (self.verbose or ev.get("status") in ("changed", "failed", "unreachable")):
             _output.info(f"[{ev['host']}]   - {ev['task']}: {ev['status']} ({ev['elapsed_s']:.1f}s)"
@@ -45,6 +45,10 @@ class _StepPrinter:
                                                                for w in ev.get("waves", []))
                          + f" (max_fail_percentage {pol.get('max_fail_percentage', 0):g} %, soak "
                            f"{pol.get('soak_s', 0)}s, on_failure {pol.get('on_failure')})")
+        elif kind == "gap":
+            from opsctl.drain import describe
+
+            _output.info(f"[{ev['host']}]   {describe(ev.get('gap') or {})}")
         elif kind == "verdict":
             _print_verdict(ev)
         elif kind == "findings":
@@ -183,6 +187,12 @@ def register(app: typer.Typer) -> None:
                 _output.info(f"[{o.host}] {o.result}: {o.release}{wave}"
                              + (f" ({len(fixed)} file(s) repaired: {', '.join(fixed[:3])}{', ...' if len(fixed) > 3 else ''}"
                                 + ("; restarted and judged again)" if o.result == "repaired" else ")") if fixed else ""))
+                if o.details.get("gap"):
+                    from opsctl.drain import describe
+
+                    _output.info(f"[{o.host}] serving {describe(o.details['gap'])}")
+                elif o.result == "unchanged":
+                    _output.info(f"[{o.host}] SGLang not restarted (its unit and runtime are unchanged)")
 
     @app.command("rollback")
     def rollback_cmd(
@@ -224,6 +234,10 @@ def register(app: typer.Typer) -> None:
                              f"(ready in {r.get('ready_s')}s)"
                              + (f"; forced: its gate verdict was {r.get('verdict')}, so it is not last good"
                                 if r.get("forced") else ""))
+                if r.get("gap"):
+                    from opsctl.drain import describe
+
+                    _output.info(f"[{r['host']}] {describe(r['gap'])}")
 
     @app.command("status")
     def status_cmd(inventory: Optional[Path] = _common.InventoryOpt, limit: Optional[str] = _common.LimitOpt,
@@ -276,6 +290,11 @@ def register(app: typer.Typer) -> None:
             elif r["release"] and r.get("judged") is False:
                 _output.info(f"[{r['host']}] note: the live release {r['release']} was never judged; the last good "
                              f"release is {r.get('last_good') or 'none'}")
+            sw = r.get("last_switch")
+            if sw:
+                from opsctl.drain import describe
+
+                _output.info(f"[{r['host']}] last switch ({sw.get('why')}, {sw.get('ts')}): {describe(sw)}")
             lv = r.get("last_verdict")
             if lv:
                 _output.info(f"[{r['host']}] verdict of {lv['release']}: {lv['status']} ({lv['ts']})"
@@ -318,5 +337,10 @@ def register(app: typer.Typer) -> None:
                             r.get("from_release") or "-", r.get("to_release") or r.get("release") or "-",
                             r.get("who"), (r.get("reason") or "")[:80], *([r.get("rollout") or "-"] if fleet else [])]
                            for r in host_recs])
+            sw = next((r for r in reversed(host_recs) if r.get("action") == "switch"), None)
+            if sw:
+                from opsctl.drain import describe
+
+                _output.info(f"[{host_name}] last switch ({sw.get('why')}, {sw.get('ts')}): {describe(sw)}")
         if not recs:
             _output.info("no ledger records" + (f" of rollout {rollout}" if rollout else ""))

@@ -78,14 +78,20 @@ def register(app: typer.Typer) -> None:
             if not levels or min(levels) < 1:
                 raise ConfigError(f"--concurrency {concurrency!r}: levels must be >= 1", "e.g. --concurrency 1,8,32")
         bl = core.parse_budgets(budgets)
+        inv = _common.inventory(inventory)
+        cost = core.restart_plan(inv, bl, schedule_trial=not no_schedule_trial, limit=limit)
+        if json_out:
+            _output.STATE.stream = True
+            _output.emit_json({"event": "restart_plan", **cost.as_dict()})
+        else:
+            _output.info(f"tune will make {cost.describe()}")
         if not yes:
             if json_out or not sys.stdin.isatty():
                 raise ConfigError("tune deploys trial releases and needs confirmation; there is no terminal to ask on",
                                   "add --yes")
-            if not typer.confirm(f"deploy {len(bl)} trial release(s) (budgets {budgets}) and restore the live one?",
-                                 default=False):
+            if not typer.confirm(f"deploy {len(bl)} trial release(s) (budgets {budgets}), {cost.restarts} restart(s), "
+                                 f"and restore the live one?", default=False):
                 raise ConfigError("tune not confirmed", "re-run with --yes")
-        inv = _common.inventory(inventory)
         res = core.tune(inv, bl, concurrency=levels, workload=workload, limit=limit,
                         progress=_StepPrinter(json_out), report_dir=out, schedule_trial=not no_schedule_trial)
         applied = None
@@ -111,6 +117,16 @@ def register(app: typer.Typer) -> None:
         _output.info(f"budget schedule: {res.schedule}")
         _output.info(f"recommendation: {res.reason}")
         _output.info(f"restored: {res.restored} serves as before the tune")
+        from opsctl.drain import describe
+
+        for t in res.trials:
+            if t.gap:
+                _output.info(f"{t.label}: {describe(t.gap)}")
+        if res.restore_gap:
+            _output.info(f"restore: {describe(res.restore_gap)}")
+        _output.info(f"outage over the tune: {res.as_dict()['outage_s']:.1f} s"
+                     + (f" in the lab = {res.as_dict()['outage_s'] * res.gaps[0]['time_scale'] / 60:.0f} min at "
+                        f"the site" if res.gaps and res.gaps[0].get("time_scale") else ""))
         for k, p in res.report.items():
             _output.info(f"wrote {k}: {p}")
         if applied:

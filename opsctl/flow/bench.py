@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from opsctl.bench.baseline import baseline_paths, mix_slug
 from opsctl.config import HostConfig, Inventory
-from opsctl.errors import CheckFailed, ConfigError, HostError
+from opsctl.errors import CheckFailed, ConfigError, HostError, OpsctlError
 from opsctl.flow.steps import as_inventory
 from opsctl.host.connection import Connection, connect
 from opsctl.releases import append_ledger, read_state, release_profile
@@ -252,6 +252,21 @@ def load_baseline(conn: Connection, host: HostConfig, policy=None):
     if not res.ok:
         require_baseline(conn, host, policy)
     return run_from_text(res.stdout, source=f"{host.name}:{run_path}")
+
+
+def drain_deadline_s(conn: Connection, host: HostConfig) -> float:
+    """`opsctl.drain.deadline_s`, else the stored baseline bench's p99 request time x 2 (at most
+    600 s), else 300 s (opsctl.drain.default_deadline_s)."""
+    from opsctl.drain import bench_p99_s, deadline_s
+
+    cfg = host.settings.drain
+    if cfg.deadline_s is not None or not cfg.enabled:
+        return deadline_s(cfg, None)
+    try:
+        p99 = bench_p99_s(load_baseline(conn, host, host.gate_policy()))
+    except (OpsctlError, ValueError):
+        p99 = None
+    return deadline_s(cfg, p99)
 
 
 def run_from_text(text: str, *, source: str):

@@ -24,12 +24,13 @@ from opsctl.flow.bench import require_baseline
 from opsctl.flow.checks import run_post_checks, run_pre_checks
 from opsctl.flow.judge import bench_and_judge
 from opsctl.flow.plan import LEDGER_ROOM, Plan, make_plan
-from opsctl.flow.promote import fallback_release, fallback_releases, prune, roll_back_after_failure, rollback_host
+from opsctl.flow.promote import fallback_release, fallback_releases, gap_fields, prune, roll_back_after_failure, rollback_host
 from opsctl.flow.ready import crash_cause, wait_ready, with_start_diagnosis
 from opsctl.flow.rollout import Wave, new_rollout_id, plan_waves, rollout_policy, sleep_soak, wave_failed
 from opsctl.flow.stage import stage_wave
 from opsctl.flow.steps import Progress, Steps, as_inventory, noop
-from opsctl.flow.switch import arm_guard, disarm_guard, require_room, switch
+from opsctl.flow.bench import drain_deadline_s
+from opsctl.flow.switch import arm_guard, back_in_pool, switch_drained, disarm_guard, drain_before_switch, require_room, switch
 from opsctl.flow.validate import validate_release
 from opsctl.host import facts
 from opsctl.host.connection import Connection, connect
@@ -253,6 +254,16 @@ def _run_wave(inv: Inventory, runs: list[_HostRun], policy: RolloutPolicy, rollo
                 continue
             if failures and wave_failed(len(failures), len(runs), policy):
                 break  # past the wave's failure limit: no further host of it is switched
+            down = _out_of_pool(failures)
+            if down and len(down) + 1 > policy.max_unavailable:
+                # hosts switch one at a time; one left out of the pool by a failed start (and a
+                # failed rollback) counts against max_unavailable: the next would make one too many
+                run.error = DeployFailed(f"{run.name}: not switched: {', '.join(down)} still out of the pool, and "
+                                         f"opsctl.rollout.max_unavailable is {policy.max_unavailable}",
+                                         "bring the failed host back ('opsctl rollback --limit HOST'), then deploy "
+                                         "again")
+                failures.append(run)
+                continue
             play, sync, _ = staged[run.name]
             try:
                 run.outcome = _apply(run.conn, inv, run.host, run.profile, run.plan, run.steps, gates,
@@ -265,6 +276,21 @@ def _run_wave(inv: Inventory, runs: list[_HostRun], policy: RolloutPolicy, rollo
                 run.error = exc
                 failures.append(run)
     return failures
+
+
+def _out_of_pool(failed: list[_HostRun]) -> list[str]:
+    """Failed hosts of this wave that do not serve (their rollback did not bring a release back)."""
+    down = []
+    for run in failed:
+        if run.conn is None or run.plan is None or run.error is None or "not switched" in run.error.problem:
+            continue
+        try:
+            code = facts.get(run.conn, facts.HealthCode(str(run.host.host_python), run.host.http_port), timeout=30)
+        except OpsctlError:
+            code = 0
+        if code != 200:
+            down.append(run.name)
+    return down
 
 
 def _before_any_change(exc: Interrupted, run: _HostRun, hosts: list[str]) -> Interrupted:
@@ -434,6 +460,11 @@ def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile,
     # room for the switch and the records after it, checked before the first of them (issue #32 item 7)
     require_room(conn, host, LEDGER_ROOM, doing="the switch of this deploy")
     switched = started = False
+    # the drain (issue #35): out of the pool, in-flight requests finish (or the deadline); a
+    # failing out hook or an interrupt here changes nothing live
+    gap = drain_before_switch(conn, host, why="trial" if trial is not None else "deploy", from_release=previous,
+                              to_release=plan.release, deadline_s=drain_deadline_s(conn, host), steps=steps,
+                              readiness_timeout_s=profile.readiness_timeout_s)
     try:
         with BRAKE.held():  # these three run whole: a signal here is acted on right after the switch
             append_ledger(conn, host, {"action": "deploy", "result": "started", "from_release": previous,
@@ -442,16 +473,18 @@ def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile,
             started = True
             if fallbacks:
                 arm_guard(conn, host, fallbacks, host.settings.guard_s or profile.readiness_timeout_s + 1800,
-                          expect=plan.release)
+                          expect=plan.release, drain_s=gap.deadline_s if gap.enabled else None)
             t0 = steps.start("switch", f"{previous or 'none'} -> {plan.release}")
-            since = switch(conn, host, plan.release)
+            since = switch_drained(conn, host, plan.release, gap, switch)
             switched = True
             steps.done("switch", t0, f"current -> {plan.release}")
         try:
             ready = wait_ready(conn, host, profile, since, steps)
         except DeployFailed as exc:
+            back_in_pool(conn, host, gap, since, steps, ready=False)
             raise with_start_diagnosis(conn, host, profile, since, steps, exc) from None
         details["ready_s"] = round(ready.seconds, 2)
+        details["gap"] = back_in_pool(conn, host, gap, since, steps)
         if gates:
             outcome = validate_release(conn, host, profile, since, steps)
             details["validation"] = outcome.record
@@ -466,7 +499,8 @@ def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile,
                 append_ledger(conn, host, {"action": "deploy", "result": "trial", "from_release": previous,
                                            "to_release": plan.release, "profile": profile.name,
                                            "budget": profile.budget, "trial": True,
-                                           "summary": details["trial"].get("summary")})
+                                           "summary": details["trial"].get("summary"),
+                                           **gap_fields(details.get("gap"))})
             return DeployOutcome(host.name, plan.release, "trial", plan.as_dict(), details)
         if gates:
             outcome = bench_and_judge(conn, host, profile, plan.release, steps)
@@ -510,7 +544,8 @@ def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile,
     append_ledger(conn, host, {"action": "promote", "result": "ok", "from_release": previous,
                                "to_release": plan.release, "profile": profile.name, "budget": profile.budget,
                                "reason": "gates passed" if gates else "gates skipped (--no-gate)",
-                               **{k: v for k, v in details.items() if k in ("ready_s", "drafter_bytes_sent", "repaired")}})
+                               **{k: v for k, v in details.items() if k in ("ready_s", "drafter_bytes_sent", "repaired")},
+                               **gap_fields(details.get("gap"))})
     prune(conn, host)
     # a live release whose files this deploy repaired is reported as such, never "unchanged"
     return DeployOutcome(host.name, plan.release, "repaired" if repairs and plan.is_live else "promoted",

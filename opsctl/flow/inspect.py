@@ -10,6 +10,7 @@ from opsctl.errors import ConfigError
 from opsctl.flow.bench import has_baseline, load_baseline, run_from_text
 from opsctl.flow.steps import as_inventory
 from opsctl.host.connection import connect
+from opsctl.drain import last_switch
 from opsctl.releases import ledger_lost_problem, read_state
 
 # --------------------------------------------------------------------------- status / history
@@ -57,6 +58,7 @@ def status(inventory: str | Path | Inventory, *, limit: str | None = None) -> li
                                  for r in sorted(state.releases.values(), key=lambda r: r.created_at, reverse=True)],
             "watch": watch_state,
             "rollout": _live_rollout(state),
+            "last_switch": last_switch(state.ledger),
         })
     return out
 

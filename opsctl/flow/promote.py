@@ -12,10 +12,19 @@ from opsctl.errors import CheckFailed, ConfigError, DeployFailed, OpsctlError
 from opsctl.flow.plan import Plan
 from opsctl.flow.ready import wait_ready
 from opsctl.flow.steps import Progress, Steps, as_inventory, noop
-from opsctl.flow.switch import disarm_guard, require_room, stop_service, switch
+from opsctl.flow.bench import drain_deadline_s
+from opsctl.flow.switch import back_in_pool, switch_drained, disarm_guard, drain_before_switch, require_room, stop_service, switch
 from opsctl.host.connection import Connection, connect
 from opsctl.integrity import Integrity, verify_release
 from opsctl.releases import HostLock, HostState, append_ledger, ledger_lost_problem, read_state, release_profile
+
+
+GAP_FIELDS = ("drain_s", "stop_s", "start_s", "gap_s", "inflight_at_start", "aborted")
+
+
+def gap_fields(rec: dict | None) -> dict:
+    """A switch's gap figures (its `switch` record), copied onto the record that ends the operation."""
+    return {k: rec.get(k) for k in GAP_FIELDS} if rec else {}
 
 
 FALLBACK_TRIES = 3  # releases a rollback tries in turn before it gives up (each up to its readiness timeout)
@@ -98,7 +107,9 @@ def roll_back_after_failure(conn: Connection, host: HostConfig, plan: Plan, targ
             steps.note(f"not switching to {tgt}: {why}")
             tried.append(tgt)
             continue
-        since = switch(conn, host, tgt)
+        gap = drain_before_switch(conn, host, why="rollback", from_release=live, to_release=tgt,
+                                  deadline_s=drain_deadline_s(conn, host), steps=steps)
+        since = switch_drained(conn, host, tgt, gap, switch)
         live = tgt
         if not disarmed:
             disarm_guard(conn, host)  # only now: plan.release no longer serves
@@ -107,12 +118,15 @@ def roll_back_after_failure(conn: Connection, host: HostConfig, plan: Plan, targ
         try:
             wait_ready(conn, host, release_profile(info, host), since, steps)
         except DeployFailed as again:
+            back_in_pool(conn, host, gap, since, steps, ready=False)
             why = again.problem
             append_ledger(conn, host, {**rec, "result": "failed", "switched": True, "error": why})
             steps.note(f"rolled back to {tgt}, which did not become ready: {why}")
             tried.append(tgt)
             continue
-        append_ledger(conn, host, {**rec, "result": "ok", "to_profile": info.label if info else None})
+        g = back_in_pool(conn, host, gap, since, steps)
+        append_ledger(conn, host, {**rec, "result": "ok", "to_profile": info.label if info else None,
+                                   **gap_fields(g)})
         steps.done("rollback", t0, f"{tgt} serves again")
         return f"rolled back to {tgt}, which serves again" + (
             f" (first tried, not ready or damaged: {', '.join(tried)})" if tried else "")
@@ -223,8 +237,10 @@ def _rollback_chain(conn: Connection, host: HostConfig, state: HostState, target
             tried.append(tgt)
             continue
         steps.done("verify", t0, bad.checked())
+        gap = drain_before_switch(conn, host, why="rollback", from_release=live, to_release=tgt,
+                                  deadline_s=drain_deadline_s(conn, host), steps=steps)
         t0 = steps.start("switch", f"{live or 'none'} -> {tgt}")
-        since = switch(conn, host, tgt)
+        since = switch_drained(conn, host, tgt, gap, switch)
         live = tgt
         if not disarmed:
             disarm_guard(conn, host)  # after the switch: a rollback killed before it leaves any guard armed
@@ -233,12 +249,15 @@ def _rollback_chain(conn: Connection, host: HostConfig, state: HostState, target
         try:
             ready = wait_ready(conn, host, release_profile(info, host), since, steps)
         except DeployFailed as exc:
+            back_in_pool(conn, host, gap, since, steps, ready=False)
             errors[tgt] = exc.problem
             append_ledger(conn, host, {**base, "result": "failed", "switched": True, "error": exc.problem})
             tried.append(tgt)
             continue
+        g = back_in_pool(conn, host, gap, since, steps)
         rec = append_ledger(conn, host, {**base, "result": "ok", "profile": info.profile, "budget": info.budget,
-                                         "ready_s": round(ready.seconds, 2)})
+                                         "ready_s": round(ready.seconds, 2), **gap_fields(g)})
+        rec.setdefault("gap", g)
         results.append(rec)
         if tried:
             raise DeployFailed(f"{host.name}: rollback to {target} failed ({errors.get(target, 'not ready')}); "

@@ -117,6 +117,39 @@ class HealthCode(Fact[int]):
         return int(text[0]) if text[0].isdigit() else 0
 
 
+@dataclass(frozen=True)
+class Loads(Fact["object"]):
+    """SGLang 0.5.23's `GET /v1/loads` on the host's loopback, as opsctl.drain.Load (running and
+    waiting requests over every DP rank); None: no answer (the server is gone or not up).
+    0.5.23 has no `/get_load` (entrypoints/v1_loads.py is its load endpoint)."""
+
+    python: str
+    port: int
+    timeout_s: float = 10
+
+    def command(self) -> str:
+        py = ("import socket\n"
+              "try:\n"
+              f"    s = socket.create_connection(('127.0.0.1', {int(self.port)}), timeout={float(self.timeout_s)})\n"
+              f"    s.sendall(b'GET /v1/loads HTTP/1.0\\r\\nHost: 127.0.0.1:{int(self.port)}\\r\\n\\r\\n')\n"
+              "    data = b''\n"
+              "    while True:\n"
+              "        chunk = s.recv(65536)\n"
+              "        if not chunk:\n"
+              "            break\n"
+              "        data += chunk\n"
+              "    head, _, body = data.partition(b'\\r\\n\\r\\n')\n"
+              "    status = head.split(b'\\r\\n', 1)[0].split()\n"
+              "    print(body.decode('utf-8', 'replace') if len(status) > 1 and status[1] == b'200' else '')\n"
+              "except Exception:\n    print('')\n")
+        return f"{shlex.quote(self.python)} -c {shlex.quote(py)}"
+
+    def process(self, stdout: str):
+        from opsctl.drain import parse_loads
+
+        return parse_loads(stdout.strip())
+
+
 # --------------------------------------------------------------------------- the journal
 
 

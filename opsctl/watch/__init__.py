@@ -13,7 +13,7 @@ import shlex
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from opsctl.config import BUILTIN_PROFILES, HostConfig, Inventory, profile_names, resolve_profile
+from opsctl.config import DRAIN_DEADLINE_DEFAULT_S, BUILTIN_PROFILES, HostConfig, Inventory, profile_names, resolve_profile
 from opsctl.errors import ConfigError, HostError
 from opsctl.host.connection import Connection, connect
 
@@ -60,6 +60,12 @@ def host_config(host: HostConfig) -> dict[str, Any]:
         "baseline_bench": baseline_paths(host, host.baseline_profile, policy)[0],
         "notify": w.notify.model_dump(mode="json"), "rules": rules,
         "default_rules": w.defaults.model_dump(mode="json"),   # a profile the inventory does not name
+        # the drain before the watch's switch (issue #35): the configured deadline (else the default), but
+        # at most the watch's window: the release has been breaching for that long already, and with no
+        # balancer hook on the host new requests keep coming (0.5.23 admits while it drains)
+        "drain_deadline_s": min(host.settings.drain.deadline_s or DRAIN_DEADLINE_DEFAULT_S, w.window_s)
+        if host.settings.drain.enabled else 0,
+        "drain_poll_s": host.settings.drain.poll_s,
     }
 
 

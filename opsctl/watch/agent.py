@@ -333,6 +333,41 @@ def summarise(findings: list, samples: list, window_s: float, now: float) -> str
     return "healthy"
 
 
+def drain_server(unit, port, deadline_s, poll_s=1.0, _run=subprocess.run):
+    """The drain before a host-side switch (issue #35; opsctl.drain, as the controller's): SIGTERM
+    to the server (SGLang 0.5.23 answers 503 on /health* and finishes its requests), then GET
+    /v1/loads until no request runs or waits, or `deadline_s`; requests still running then are
+    counted and the server is killed (the switch that follows starts the next one). Returns the
+    figures for the ledger record: drain_s, inflight_at_start, aborted. `deadline_s` 0: no drain."""
+    def busy():
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{int(port)}/v1/loads", timeout=10) as r:
+                loads = json.loads(r.read()).get("loads") or []
+            return sum(int(x.get("num_running_reqs", 0)) + int(x.get("num_waiting_reqs", 0)) for x in loads)
+        except (urllib.error.URLError, OSError, ValueError, TypeError, AttributeError):
+            return None
+    if not deadline_s:
+        return {"drain_s": 0.0, "inflight_at_start": 0, "aborted": 0, "drained": False}
+    try:
+        active = _run(["systemctl", "is-active", unit], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        active = ""
+    if active != "active":
+        return {"drain_s": 0.0, "inflight_at_start": 0, "aborted": 0, "drained": False}
+    t0 = time.monotonic()
+    first = busy()
+    _run(["systemctl", "kill", "--kill-whom=main", "--signal=SIGTERM", unit], capture_output=True)
+    left = first
+    while left and time.monotonic() - t0 < deadline_s:
+        time.sleep(poll_s)
+        left = busy()
+    aborted = left or 0
+    if aborted:
+        _run(["systemctl", "kill", "--signal=SIGKILL", unit], capture_output=True)
+    return {"drain_s": round(time.monotonic() - t0, 2), "inflight_at_start": first or 0, "aborted": aborted,
+            "drained": True}
+
+
 # Records that end a deploy-like operation (issue #32 item 4): a promote or any rollback (the
 # controller's, the guard's, the watch's), a tune's restore (`action: tune`, after its trials), a
 # guard that found its release no longer live (`action: guard`), and a deploy that ended without
@@ -753,6 +788,8 @@ class Watch:
             self.state["last"]["note"] = "breach, but the deploy lock is held (a deploy or rollback is running)"
             return
         try:
+            drained = drain_server(cfg["unit"], cfg["port"], float(cfg.get("drain_deadline_s") or 0),
+                                   float(cfg.get("drain_poll_s") or 1.0))
             t_switch = time.time()
             res = _run([os.path.join(self.root, "bin", "opsctl-switch"), self.root, cfg["service"], base],
                        timeout=120)
@@ -764,6 +801,7 @@ class Watch:
                 ready_s, err = self.wait_ready(int(t_switch), float(bprof.get("readiness_timeout_s")
                                                                     or cfg.get("ready_timeout_s", 1800)))
             t_ready = time.time()
+            common.update({k: drained[k] for k in ("drain_s", "inflight_at_start", "aborted")})
             common["watch"].update({"breach_at": round(t_breach, 3), "switched_at": round(t_switch, 3),
                                     "serving_at": round(t_ready, 3) if err is None else None})
             rec = append_ledger(self.root, {

@@ -181,6 +181,7 @@ def test_good_rollout_reaches_every_host_in_its_waves(fleet, capsys):
         print(f"\n3-host rollout (canary + 1 wave of 2), gates on: {wall:.1f}s")
 
 
+
 def test_controller_killed_mid_wave_leaves_no_unconfirmed_release_and_the_next_deploy_converges(fleet):
     hosts = fleet["hosts"]
     _edit_opsctl(fleet["inv"], lambda o: o.__setitem__("guard_s", 20))
@@ -215,3 +216,24 @@ def test_controller_killed_mid_wave_leaves_no_unconfirmed_release_and_the_next_d
     assert {n: _current(h) for n, h in hosts.items()} == {o["host"]: o["release"] for o in outcomes}
     assert _current(hosts["lab2"]) == new and _current(hosts["lab3"]).startswith("ddtree-b8-")   # lab3: own render
 
+# last in the module: its --no-gate deploy leaves an unjudged release live on every host
+def test_max_unavailable_one_never_takes_two_hosts_out_of_the_pool_at_once(fleet):
+    """Issue #35: one wave of all three hosts with max_unavailable 1: the ledgers' switch records
+    (pool_out_at .. pool_in_at, the controller's clock) never overlap, and every host served again."""
+    from opsctl.drain import max_out_of_pool, serving_timeline
+
+    inv = fleet["inv"].parent / "lab-fleet-maxu"
+    if not inv.exists():
+        shutil.copytree(fleet["inv"], inv)
+        _set_policy(inv, waves=["100%"], max_unavailable=1)
+    # a budget no earlier test of the module deployed: a switch on every host
+    proc = fleet["ops"]("deploy", "ddtree", "--budget", "6", "--yes", "--no-gate", "--skip-checks", "--json",
+                        inventory=inv, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rollout = _events(proc.stdout)[-1]["outcomes"][0]["rollout"]
+    switches = [r for h in fleet["hosts"].values() for r in _ledger(h)
+                if r.get("rollout") == rollout and r.get("action") == "switch"]
+    assert len(switches) == 3 and all(r["pool_in_at"] for r in switches)
+    assert max_out_of_pool(switches) == 1
+    line = serving_timeline(switches, 3)
+    assert min(n for _, n in line) == 2 and line[-1][1] == 3

@@ -180,7 +180,7 @@ def test_a_partial_opsctl_mapping_that_ansible_would_replace_is_refused_with_the
         load_inventory(inv)
     line = exc.value.one_line()
     assert f"{inv}/host_vars/h1.yml:1: host h1: this opsctl: mapping replaces the one in " in line, line
-    assert "group_vars/all.yml whole, as Ansible does" in line and "and 11 more set there would not apply" in line
+    assert "group_vars/all.yml whole, as Ansible does" in line and "and 12 more set there would not apply" in line
     assert "install_root" in exc.value.details["keys_not_applied"]
     assert exc.value.fix.startswith(f"write host h1's complete opsctl: mapping in {inv}/host_vars/h1.yml")
     # the complete mapping is read as Ansible reads it

@@ -116,6 +116,7 @@ def recorder(monkeypatch):
     monkeypatch.setattr(deploy, "require_baseline", lambda conn, host: None)
     monkeypatch.setattr(deploy, "HostLock", FakeLock)
     monkeypatch.setattr(deploy, "stage_wave", fake_stage_wave)
+    monkeypatch.setattr(deploy, "_out_of_pool", lambda failed: [])  # the fake hosts answer no health probe
     monkeypatch.setattr(deploy, "_apply", fake_apply)
     monkeypatch.setattr(deploy, "rollback_host", fake_rollback_one)
     monkeypatch.setattr(deploy, "ledger_rollout", lambda rid: _nullcontext())

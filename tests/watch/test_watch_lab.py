@@ -164,7 +164,9 @@ def test_decayed_ddtree_is_switched_back_to_the_baseline_by_the_host_alone(wl, o
         assert "median per-sample ratio" in breaches["throughput"]["detail"]
     w = rec["watch"]
     # within the window plus one interval, and one more for a busy 2-core CI box (13.1 s seen there)
-    assert w["switched_at"] - onset <= WINDOW + 2 * INTERVAL, (w, onset)
+    assert w["breach_at"] - onset <= WINDOW + 2 * INTERVAL, (w, onset)
+    # then the drain, under load never idle (0.5.23 admits while it drains): at most the window
+    assert w["switched_at"] - w["breach_at"] <= WINDOW + 3, w
     assert rec["breach_to_serving_s"] < 30
     print(f"\nwatch: deploy {deploy_s:.1f}s; collapse -> switch {w['switched_at'] - onset:.1f}s, "
           f"breach -> baseline serving {rec['breach_to_serving_s']:.1f}s (ready {rec['ready_s']:.1f}s)")

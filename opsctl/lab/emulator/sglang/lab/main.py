@@ -17,7 +17,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from sglang.lab import faults as faults_mod
-from sglang.lab import flags, gpu, perf
+from sglang.lab import flags, gpu, perf, startup
 from sglang.lab import schedule as schedule_mod
 from sglang.lab.log import log, fatal_traceback
 
@@ -84,6 +84,16 @@ def _server_args_repr(args) -> str:
     return "ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in sorted(vars(args).items())) + ")"
 
 
+def _compile(st, rank: str, phase) -> None:
+    """The DDTree runtime's Triton compile, one line per specialisation it had to compile (TP0)."""
+    from sglang.lab.runtime_msgs import DDTREE_COMPILE
+
+    for spec, secs in st.compiles:
+        phase(secs)
+        log(DDTREE_COMPILE.format(**spec.as_dict(), elapsed=secs,
+                                  cache=st.compile_cache or "~/.triton/cache"), rank)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = flags.parse(argv)
@@ -144,34 +154,6 @@ def main(argv: list[str] | None = None) -> None:
                        cpu_tree_ms_per_req=float(collapse["cpu_tree_ms_per_req"]) if collapse and algo else 0.0)
 
     mfs = args.mem_fraction_static or 0.88
-    gpu.register(os.getpid(), int(TOTAL_GPU_GB * 1024 * mfs) + 500, max(tp, ep))
-
-    def _on_term(signum, frame):
-        gpu.unregister(os.getpid())
-        os._exit(0)
-
-    signal.signal(signal.SIGTERM, _on_term)
-    signal.signal(signal.SIGINT, _on_term)
-
-    # ---- per-rank startup lines
-    for r in ranks:
-        log("Init torch distributed begin.", r)
-    for r in ranks:
-        log("Init torch distributed ends. elapsed=0.91 s, mem usage=0.79 GB", r)
-    for r in ranks:
-        log(f"Load weight begin. avail mem={TOTAL_GPU_GB - 0.98:.2f} GB", r)
-    slow = active.get("slow_start")
-    if slow and float(slow.get("load_s", 0)) > 0:
-        time.sleep(float(slow["load_s"]))
-    arch = (model_cfg.get("architectures") or ["KimiK25ForConditionalGeneration"])[0]
-    for r in ranks:
-        log(f"Load weight end. elapsed=41.37 s, type={arch}, dtype=torch.bfloat16, "
-            f"avail mem={TOTAL_GPU_GB - 0.98 - WEIGHTS_GB:.2f} GB, mem usage={WEIGHTS_GB:.2f} GB.", r)
-    avail = TOTAL_GPU_GB * (1 - mfs) + 1.6
-    for r in ranks:
-        log(f"KV Cache is allocated. #tokens: {MAX_TOTAL_TOKENS}, KV size: 8.79 GB", r)
-        log(f"Memory pool end. avail mem={avail:.2f} GB", r)
-
     graphs_off = args.disable_decode_cuda_graph or args.disable_cuda_graph or args.cuda_graph_backend_decode == "disabled"
     backend = args.cuda_graph_backend_decode or "full"
     capture_bs = [] if graphs_off else _capture_bs(args, bool(algo))
@@ -182,17 +164,14 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError as exc:
             fatal_traceback([("sglang_ddtree/plugin.py", 88, "validate_server_args", "raise ValueError(...)")],
                             f"ValueError: {exc}")
-    if schedule is not None:
-        captured_width = int(width)  # the wrong_verify_tokens fault then hits one band, not the server
-        if wvt and int(wvt.get("band", 0)) >= len(schedule.bands):
-            wvt = {**wvt, "band": 0}
-        for r in ranks:
-            log(f"DDTree budget schedule: {schedule.text} (verify widths {','.join(map(str, schedule.widths))})", r)
     # (num_tokens_per_req, batch sizes) per target-verify graph: one width per captured bs
     if schedule is None:
         groups = [(captured_width, capture_bs)]
         drafted_bs = capture_bs
     else:
+        captured_width = int(width)  # the wrong_verify_tokens fault then hits one band, not the server
+        if wvt and int(wvt.get("band", 0)) >= len(schedule.bands):
+            wvt = {**wvt, "band": 0}
         groups = [(b + 1, sizes) for (_, b), sizes in zip(schedule.bands, schedule.captured_by_band()) if sizes]
         drafted_bs = [bs for (_, b), sizes in zip(schedule.bands, schedule.captured_by_band()) if b > 0
                       for bs in sizes]
@@ -200,6 +179,52 @@ def main(argv: list[str] | None = None) -> None:
             band_i = int(wvt.get("band", 0))
             lo_bs = schedule.captured_by_band()[band_i] if band_i < len(schedule.bands) else []
             groups = [(int(wvt["num_tokens_per_req"]) if sizes == lo_bs else w, sizes) for w, sizes in groups]
+    drafts = algo in ("DFLASH", "DDTREE") and bool(drafted_bs) and not graphs_off
+    budgets = ([b for _, b in schedule.bands] if schedule is not None else [int(width) - 1]) if algo == "DDTREE" else []
+    vocab = int(model_cfg.get("vocab_size") or model_cfg.get("text_config", {}).get("vocab_size") or 163840)
+    try:
+        st = startup.plan(groups=[] if graphs_off else groups, drafted_bs=drafted_bs if drafts else [],
+                          budgets=budgets, block=block_size, vocab_shard=vocab // max(tp, 1),
+                          skip_warmup=bool(args.skip_server_warmup), dummy_weights=args.load_format == "dummy")
+    except startup.ScaleError as exc:
+        startup.fail(str(exc))
+    slow = active.get("slow_start")
+    slow_load = float(slow.get("load_s", 0)) if slow else 0.0
+    # the fault's real seconds are site seconds x the scale: the lines say what the site would see
+    st.weight_load_s += slow_load * st.scale
+
+    gpu.register(os.getpid(), int(TOTAL_GPU_GB * 1024 * mfs) + 500, max(tp, ep))
+
+    def _on_term(signum, frame):
+        gpu.unregister(os.getpid())
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, _on_term)
+    signal.signal(signal.SIGINT, _on_term)
+    t0 = time.monotonic()
+
+    def phase(modelled_s: float) -> None:
+        """Wait out a phase: its modelled seconds divided by the lab's time scale (the slowest rank's)."""
+        time.sleep(st.lab(modelled_s * startup.rank_factor(len(ranks) - 1)))
+
+    # ---- per-rank startup lines (0.5.23 prints no line of its own for the init before loading)
+    phase(st.init_s)
+    for r in ranks:
+        log(f"Load weight begin. avail mem={TOTAL_GPU_GB - 0.98:.2f} GB", r)
+    phase(st.weight_load_s)
+    arch = (model_cfg.get("architectures") or ["KimiK25ForConditionalGeneration"])[0]
+    for i, r in enumerate(ranks):
+        log(f"Load weight end. elapsed={st.weight_load_s * startup.rank_factor(i):.2f} s, type={arch}, "
+            f"avail mem={TOTAL_GPU_GB - 0.98 - WEIGHTS_GB:.2f} GB, mem usage={WEIGHTS_GB:.2f} GB.", r)
+    phase(st.memory_pool_s)
+    avail = TOTAL_GPU_GB * (1 - mfs) + 1.6
+    for r in ranks:
+        log(f"KV Cache is allocated. #tokens: {MAX_TOTAL_TOKENS}, KV size: 8.79 GB", r)
+        log(f"Memory pool end. avail mem={avail:.2f} GB", r)
+
+    if schedule is not None:
+        for r in ranks:
+            log(f"DDTree budget schedule: {schedule.text} (verify widths {','.join(map(str, schedule.widths))})", r)
     cap = active.get("capture_failure")
     if not graphs_off:
         name = "target verify" if algo else "target decode"
@@ -207,8 +232,8 @@ def main(argv: list[str] | None = None) -> None:
             for r in ranks:
                 log(f"Capture {name} CUDA graph begin. backend={backend}, num_tokens_per_req={gwidth}, "
                     f"avail mem={avail:.2f} GB", r)
-            time.sleep(0.05)
             if cap:
+                time.sleep(0.05)
                 from sglang.lab.runtime_msgs import CAPTURE_FAILED_HINTS
 
                 fatal_traceback(
@@ -220,18 +245,27 @@ def main(argv: list[str] | None = None) -> None:
                       "raise Exception(")],
                     f"Exception: Capture cuda graph failed: {cap['message']}\n{CAPTURE_FAILED_HINTS}",
                     rank=ranks[0], prefix="Scheduler hit an exception: ", sigquit=True)
+            cap_s = st.target_captures[gi][2]
+            phase(cap_s)
             mem_use = 0.42 + 0.004 * gwidth * (max(gbs) if gbs else 1) / 8
-            for r in ranks:
-                log(f"Capture {name} CUDA graph end. bs={gbs}, elapsed=2.17 s, mem usage={mem_use:.2f} GB, "
-                    f"avail mem={avail - mem_use:.2f} GB.", r)
+            for i, r in enumerate(ranks):
+                log(f"Capture {name} CUDA graph end. bs={gbs}, elapsed={cap_s * startup.rank_factor(i):.2f} s, "
+                    f"mem usage={mem_use:.2f} GB, avail mem={avail - mem_use:.2f} GB.", r)
             avail -= mem_use
-        if algo in ("DFLASH", "DDTREE") and drafted_bs:
+        if drafts:
             for r in ranks:
                 log(f"Capture draft decode CUDA graph begin. backend={backend}, num_tokens_per_req={block_size}, "
                     f"avail mem={avail:.2f} GB", r)
-            for r in ranks:
-                log(f"Capture draft decode CUDA graph end. bs={drafted_bs}, elapsed=0.83 s, mem usage=0.12 GB, "
+            _compile(st, ranks[0], phase)
+            phase(st.draft_capture_s)
+            compile_s = sum(s for _, s in st.compiles)
+            for i, r in enumerate(ranks):
+                log(f"Capture draft decode CUDA graph end. bs={drafted_bs}, "
+                    f"elapsed={st.draft_capture_s * startup.rank_factor(i) + compile_s:.2f} s, mem usage=0.12 GB, "
                     f"avail mem={avail - 0.12:.2f} GB.", r)
+            avail -= 0.12
+    if st.compiles and not drafts:  # no draft graph to capture: the runtime compiles at its first call
+        _compile(st, ranks[0], phase)
     max_running = args.max_running_requests or 256
     log(f"max_total_num_tokens={MAX_TOTAL_TOKENS}, chunked_prefill_size={args.chunked_prefill_size or 8192}, "
         f"max_prefill_tokens={args.max_prefill_tokens or 16384}, max_running_requests={max_running}, "
@@ -247,7 +281,7 @@ def main(argv: list[str] | None = None) -> None:
             band_widths[int(wvt.get("band", 0))] = int(wvt["num_tokens_per_req"])
     emu = Emulator(args=args, model=model, algo=algo, width=int(width), captured_width=captured_width,
                    capture_bs=capture_bs, schedule=schedule, band_captured_widths=band_widths, max_running=max_running, faults=active, tp_prefix=ranks[0],
-                   max_total_tokens=MAX_TOTAL_TOKENS, context_len=args.context_length or
+                   max_total_tokens=MAX_TOTAL_TOKENS, startup=st, t_process=t0, context_len=args.context_length or
                    model_cfg.get("max_position_embeddings", 262144))
     try:
         asyncio.run(emu.serve())

@@ -14,23 +14,26 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import datetime
 import json
 import os
 import random
+import sys
+import signal
 import socket
 import time
 import uuid
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from sglang.lab import gpu, perf, textgen
+from sglang.lab import gpu, perf, startup as startup_mod, textgen
 from sglang.lab.faults import crash_loop_delay
 from sglang.lab.log import fatal_traceback, log
 
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable",
            500: "Internal Server Error"}
+WATCHDOG_S = 5.0   # sigterm_watchdog's period (managers/tokenizer_manager.py), divided by the lab's time scale
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, float("inf"))
-WARMUP_S = 1.0
 
 
 @dataclass
@@ -52,6 +55,10 @@ class Req:
     domain: str = "chat"  # what the prompt is (code, math, chat, ids): acceptance depends on it
     stream: bool = False
     aborted: str | None = None   # the abort message (error_burst fault)
+    ignore_eos: bool = False
+    min_new: int = 0
+    eos_at: int | None = None    # the output length at which the model emits EOS (its last token)
+    stopped: bool = False        # finished on EOS (finish_reason stop), not on max_new_tokens
 
 
 class Histogram:
@@ -70,7 +77,8 @@ class Histogram:
 
 class Emulator:
     def __init__(self, *, args, model, algo, width, captured_width, capture_bs, max_running, faults, tp_prefix,
-                 max_total_tokens, context_len, schedule=None, band_captured_widths=None):
+                 max_total_tokens, context_len, schedule=None, band_captured_widths=None, startup=None,
+                 t_process=None):
         self.args = args
         self.model = model
         self.algo = algo
@@ -89,6 +97,10 @@ class Emulator:
         self.model_name = args.served_model_name or args.model_path
         self.interval = max(int(args.decode_log_interval or 40), 1)
         self.ready = False
+        self.startup = startup          # startup.Plan: the modelled phases (warm-up is this module's)
+        self.t_process = t_process if t_process is not None else time.monotonic()
+        self.scale = startup.scale if startup is not None else startup_mod.DEFAULT_TIME_SCALE
+        self.gracefully_exit = False    # SIGTERM: drain (TokenizerManager.gracefully_exit)
         self.waiting: collections.deque[Req] = collections.deque()
         self.running: list[Req] = []
         self.wakeup: asyncio.Event | None = None
@@ -161,25 +173,88 @@ class Emulator:
         log("INFO:     Waiting for application startup.")
         log("INFO:     Application startup complete.")
         log(f"INFO:     Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)")
-        asyncio.get_running_loop().create_task(self.scheduler_loop())
+        loop = asyncio.get_running_loop()
+        loop.create_task(self.scheduler_loop())
+        # the tokenizer manager's handle loop: SIGTERM drains from here on (SignalHandler.sigterm_handler)
+        loop.add_signal_handler(signal.SIGTERM, self._sigterm)
+        self.server = server
+        loop.create_task(self.sigterm_watchdog())
         slow = self.faults.get("slow_start")
-        await asyncio.sleep(WARMUP_S + (float(slow.get("warmup_s", 0)) if slow else 0.0))
-        log(f'INFO:     127.0.0.1:{40000 + os.getpid() % 20000} - "GET /model_info HTTP/1.1" 200 OK')
-        warm = self.submit([0, 1, 2, 3], 8, 0.0, internal=True)
-        await self.wait_done(warm)
-        log(f'INFO:     127.0.0.1:{40000 + os.getpid() % 20000} - "POST /generate HTTP/1.1" 200 OK')
+        warmup_s = self.startup.warmup_s if self.startup is not None else 180.0
+        client = f"127.0.0.1:{40000 + os.getpid() % 20000}"
+        if not self.args.skip_server_warmup:
+            # _execute_server_warmup: GET /model_info, then one 8-token generation; at the site the
+            # first forwards JIT-compile and autotune (~3 min, what --skip-server-warmup saves)
+            await asyncio.sleep(warmup_s / self.scale + (float(slow.get("warmup_s", 0)) if slow else 0.0))
+            log(f'INFO:     {client} - "GET /model_info HTTP/1.1" 200 OK')
+            warm = self.submit(textgen.encode("The capital city of France is"), 8, 0.0, internal=True)
+            await self.wait_done(warm)
+            log(f'INFO:     {client} - "POST /generate HTTP/1.1" 200 OK')
+        elif slow and float(slow.get("warmup_s", 0)) > 0:
+            await asyncio.sleep(float(slow.get("warmup_s", 0)))
+        log(f'INFO:     {client} - "POST /freeze_gc HTTP/1.1" 200 OK')
         self.ready = True
+        if self.startup is not None:
+            st = self.startup
+            lab_s = time.monotonic() - self.t_process
+            log(f"[opsctl-lab] start-up at the site's scale: total={st.total_s:.2f} s, "
+                f"warm-up={0.0 if self.args.skip_server_warmup else st.warmup_s:.2f} s "
+                f"(lab {lab_s:.2f} s, time scale {self.scale:g})")
         log("The server is fired up and ready to roll!")
         async with server:
-            await server.serve_forever()
+            try:
+                await server.serve_forever()
+            except asyncio.CancelledError:
+                pass
+
+    # ------------------------------------------------------------------ SIGTERM: drain (0.5.23)
+    def _sigterm(self) -> None:
+        # SignalHandler.sigterm_handler, registered with loop.add_signal_handler (no signum, no frame)
+        log("SIGTERM received. signum=None frame=None. Draining requests and shutting down...")
+        self.gracefully_exit = True
+
+    def remaining(self) -> list[Req]:
+        """The tokenizer manager's rid_to_state: every request not finished yet (health checks excluded)."""
+        return [r for r in list(self.waiting) + self.running if not r.internal and not r.finished]
+
+    async def sigterm_watchdog(self) -> None:
+        """TokenizerManager.sigterm_watchdog: look for the flag every 5 s; then log the remaining
+        requests every 5 s until none is left (no deadline: systemd's TimeoutStopSec kills it
+        otherwise; new requests are still admitted meanwhile); SGL_FORCE_SHUTDOWN exits at once."""
+        period = WATCHDOG_S / self.scale
+        while not self.gracefully_exit:
+            await asyncio.sleep(period)
+        while True:
+            if os.environ.get("SGL_FORCE_SHUTDOWN", "").lower() in ("1", "true", "yes", "y", "on"):
+                log("Signal SIGTERM received while force shutdown flag set. Force exiting.")
+                break
+            left = self.remaining()
+            log(f"Gracefully exiting... Remaining number of requests {len(left)}. "
+                f"Remaining requests remaining_rids={[r.rid for r in left]!r}.")
+            if left:
+                await asyncio.sleep(period)
+            else:
+                break
+        # the schedulers are asked to exit, then uvicorn stops (server_stop_hook)
+        log("INFO:     Shutting down")
+        log("INFO:     Waiting for application shutdown.")
+        log("INFO:     Application shutdown complete.")
+        log(f"INFO:     Finished server process [{os.getpid()}]")
+        gpu.unregister(os.getpid())
+        sys.stdout.flush()
+        os._exit(0)
 
     # ------------------------------------------------------------------ scheduler
-    def submit(self, input_ids: list[int], max_new: int, temperature: float, *, internal: bool = False,
+    def submit(self, input_ids: list[int], max_new: int | None, temperature: float, *, internal: bool = False,
                rid: str | None = None, seed: int | None = None, text: str | None = None,
-               stream: bool = False) -> Req:
-        req = Req(rid or uuid.uuid4().hex, list(input_ids), max(int(max_new), 0),
-                  textgen.Generator(input_ids, temperature, None if internal else self.wrong_after, seed),
-                  internal=internal, domain=perf.domain_of(text), stream=stream)
+               stream: bool = False, ignore_eos: bool = False, min_new: int = 0) -> Req:
+        # the scheduler's bound (Scheduler._clip_max_new_tokens): None = up to the context length
+        bound = max(self.context_len - len(input_ids) - 1, 0)
+        max_new = bound if max_new is None else min(max(int(max_new), 0), bound)
+        gen = textgen.Generator(input_ids, temperature, None if internal else self.wrong_after, seed)
+        req = Req(rid or uuid.uuid4().hex, list(input_ids), max_new, gen,
+                  internal=internal, domain=perf.domain_of(text), stream=stream, ignore_eos=bool(ignore_eos),
+                  min_new=max(int(min_new or 0), 0), eos_at=gen.eos_position())
         self.waiting.append(req)
         self.wakeup.set()
         return req
@@ -191,6 +266,11 @@ class Emulator:
     def _emit(self, req: Req, n: int, now: float, decode: bool = True) -> None:
         pos = len(req.out)
         for i in range(n):
+            if self._eos_here(req, pos + i):   # _check_token_based_finish: EOS ends it, unless ignore_eos
+                req.out.append(textgen.EOS_ID)
+                req.stopped = True
+                n = i + 1
+                break
             req.out.append(req.gen.token(pos + i))
         if n:
             if req.t_first is None:
@@ -202,11 +282,18 @@ class Emulator:
             req.t_last = now
             if decode:  # SGLang's gen throughput counts decode tokens (not prefill's first token)
                 self.iv_gen_tokens += n
-        if len(req.out) >= req.max_new:
+        if req.stopped or len(req.out) >= req.max_new:
             req.finished = True
             if not req.internal:
                 self._finish(req, now)
         req.updates.put_nowait(n)
+
+    @staticmethod
+    def _eos_here(req: Req, position: int) -> bool:
+        """Whether the model's token at `position` is its EOS: the request's natural length, never
+        with ignore_eos, nor before min_new_tokens (SGLang masks EOS until then)."""
+        return (not req.ignore_eos and req.eos_at is not None and position == max(req.eos_at, req.min_new) - 1
+                and not req.internal)
 
     def _finish(self, req: Req, now: float) -> None:
         if self.burst and self._in_burst(now) and self.rng.random() < float(self.burst.get("rate", 0.5)):
@@ -459,8 +546,8 @@ class Emulator:
                         body += await reader.readexactly(size)
                         await reader.readline()
                 keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
-                path = urlsplit(target).path
-                status = await self.dispatch(method, path, body, writer, keep)
+                url = urlsplit(target)
+                status = await self.dispatch(method, url.path, body, writer, keep, query=url.query)
                 log(f'INFO:     {peer[0]}:{peer[1]} - "{method} {target} {version}" {status} {REASONS.get(status, "")}')
                 if not keep:
                     break
@@ -501,13 +588,16 @@ class Emulator:
         writer.write(b"0\r\n\r\n")
         await writer.drain()
 
-    async def dispatch(self, method: str, path: str, body: bytes, writer, keep: bool) -> int:
+    async def dispatch(self, method: str, path: str, body: bytes, writer, keep: bool, query: str = "") -> int:
         get = method in ("GET", "HEAD")
         try:
             payload = json.loads(body) if body else {}
         except ValueError:
             return await self._send(writer, 400, {"error": {"message": "invalid JSON body"}}, keep=keep)
         if path in ("/health", "/health_generate"):
+            if self.gracefully_exit:
+                log("Health check request received during shutdown. Returning 503.")
+                return await self._send(writer, 503, b"", keep=keep)
             if not self.ready:
                 return await self._send(writer, 503, b"", keep=keep)
             if path == "/health_generate":
@@ -517,9 +607,13 @@ class Emulator:
                 except asyncio.TimeoutError:
                     return await self._send(writer, 503, b"", keep=keep)
             return await self._send(writer, 200, b"", keep=keep)
-        if path == "/ready":
-            return await self._send(writer, 200 if self.ready else 503,
-                                    {"status": "ready" if self.ready else "starting"}, keep=keep)
+        if path == "/ready":   # is_ready(): up, not paused, not shutting down
+            ok = self.ready and not self.gracefully_exit
+            return await self._send(writer, 200 if ok else 503,
+                                    {"status": "ready" if ok else ("shutting down" if self.ready else "starting")},
+                                    keep=keep)
+        if path == "/v1/loads" and get:
+            return await self.loads(writer, keep, query)
         if path in ("/server_info", "/get_server_info") and get:
             return await self._send(writer, 200, self.server_info(), keep=keep)
         if path in ("/model_info", "/get_model_info") and get:
@@ -562,9 +656,17 @@ class Emulator:
                 "spec_num_correct_drafts": correct, "spec_num_proposed_drafts": req.rounds * per_round,
                 "spec_verify_ct": req.rounds, "spec_correct_drafts_histogram": [], "spec_cap_lens_histogram": []}
 
+    @staticmethod
+    def _finish_reason(req: Req) -> dict | None:
+        if not req.finished:
+            return None
+        if req.stopped:   # FINISH_MATCHED_TOKEN
+            return {"type": "stop", "matched": textgen.EOS_ID}
+        return {"type": "length", "length": req.max_new}   # FINISH_LENGTH
+
     def _meta(self, req: Req) -> dict:
         now = time.monotonic()
-        meta = {"id": req.rid, "finish_reason": {"type": "length", "length": len(req.out)} if req.finished else None,
+        meta = {"id": req.rid, "finish_reason": self._finish_reason(req),
                 "prompt_tokens": len(req.input_ids), "weight_version": "default",
                 "completion_tokens": len(req.out), "cached_tokens": 0, "e2e_latency": now - req.t_arrival}
         if self.algo:
@@ -582,15 +684,21 @@ class Emulator:
         sp = p.get("sampling_params") or {}
         if isinstance(sp, list):
             sp = sp[0] if sp else {}
-        max_new = int(sp.get("max_new_tokens", 128) if sp.get("max_new_tokens") is not None else 128)
+        # SamplingParams: max_new_tokens 128 by default (explicit null: up to the context length),
+        # ignore_eos False, min_new_tokens 0
+        max_new = int(sp["max_new_tokens"]) if sp.get("max_new_tokens") is not None else (
+            None if "max_new_tokens" in sp else 128)
         temp = float(sp.get("temperature", 1.0) if sp.get("temperature") is not None else 1.0)
         seed = sp.get("sampling_seed")
+        ignore_eos = bool(sp.get("ignore_eos") or False)
+        min_new = int(sp.get("min_new_tokens") or 0)
         batch = (isinstance(text, list)) or (isinstance(ids, list) and ids and isinstance(ids[0], list))
         prompts = (text if isinstance(text, list) else [text]) if text is not None else (ids if batch else [ids])
         prompt_ids = [textgen.encode(x) if isinstance(x, str) else [int(t) for t in x] for x in prompts]
         stream = bool(p.get("stream")) and not batch
         reqs = [self.submit(pi, max_new, temp, rid=(p.get("rid") if not batch else None), seed=seed,
-                            text=x if isinstance(x, str) else None, stream=stream)
+                            text=x if isinstance(x, str) else None, stream=stream, ignore_eos=ignore_eos,
+                            min_new=min_new)
                 for pi, x in zip(prompt_ids, prompts)]
         if p.get("stream") and not batch:
             req = reqs[0]
@@ -622,17 +730,19 @@ class Emulator:
             msgs = p.get("messages") or []
             prompt = " ".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
             ids = textgen.encode(prompt)
-            max_new = p.get("max_completion_tokens") or p.get("max_tokens") or 128
+            # ChatCompletionRequest: max_completion_tokens or max_tokens; neither: up to the context length
+            max_new = p.get("max_completion_tokens") or p.get("max_tokens")
         else:
             prompt = p.get("prompt", "")
             if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
                 prompt = prompt[0]
             ids = [int(t) for t in prompt] if isinstance(prompt, list) else textgen.encode(str(prompt))
-            max_new = p.get("max_tokens") or 16
+            max_new = p.get("max_tokens") or 16   # CompletionRequest.max_tokens = 16
         temp = float(p.get("temperature", 1.0) if p.get("temperature") is not None else 1.0)
-        req = self.submit(ids, int(max_new), temp, seed=p.get("seed"),
+        req = self.submit(ids, None if max_new is None else int(max_new), temp, seed=p.get("seed"),
                           text=None if (not chat and isinstance(prompt, list)) else str(prompt),
-                          stream=bool(p.get("stream")))
+                          stream=bool(p.get("stream")), ignore_eos=bool(p.get("ignore_eos") or False),
+                          min_new=int(p.get("min_tokens") or 0))
         cid = ("chatcmpl-" if chat else "cmpl-") + req.rid
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
@@ -649,7 +759,7 @@ class Emulator:
                 await req.updates.get()
                 delta = textgen.decode(req.out[sent:])
                 sent = len(req.out)
-                fin = "length" if req.finished else None
+                fin = ("stop" if req.stopped else "length") if req.finished else None
                 if chat:
                     d = {"content": delta}
                     if first:
@@ -678,13 +788,59 @@ class Emulator:
         if req.aborted:
             return await self._send(writer, 500, {"detail": req.aborted}, keep=keep)
         text = textgen.decode(req.out)
+        fin = "stop" if req.stopped else "length"
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                   "finish_reason": "length"} if chat else
-                  {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"})
+                   "finish_reason": fin} if chat else
+                  {"index": 0, "text": text, "logprobs": None, "finish_reason": fin})
         return await self._send(writer, 200, {"id": cid, "object": obj, "created": created, "model": self.model_name,
                                               "choices": [choice], "usage": usage()}, keep=keep)
 
     # ------------------------------------------------------------------ introspection
+    async def loads(self, writer, keep: bool, query: str) -> int:
+        """GET /v1/loads (entrypoints/v1_loads.py; LoadSnapshot.to_dict). 0.5.23 has no /get_load."""
+        from urllib.parse import parse_qs
+
+        q = {k: v[-1] for k, v in parse_qs(query).items()}
+        include = {x.strip() for x in q["include"].split(",")} if q.get("include") else None
+        valid = {"core", "memory", "spec", "lora", "disagg", "queues", "all"}
+        if include is not None and not include <= valid:
+            return await self._send(writer, 400, {"detail": f"Invalid include sections: {include - valid}. "
+                                                            f"Valid options: {sorted(valid)}"}, keep=keep)
+        try:
+            dp = int(q["dp_rank"]) if q.get("dp_rank") not in (None, "") else None
+        except ValueError:
+            dp = -1
+        used = sum(len(r.input_ids) + len(r.out) for r in self.running)
+        waiting_tokens = sum(len(r.input_ids) for r in self.waiting)
+        load = {"timestamp": time.time(), "dp_rank": 0, "num_running_reqs": len(self.running),
+                "num_waiting_reqs": len(self.waiting), "num_waiting_uncached_tokens": waiting_tokens,
+                "num_used_tokens": used, "num_total_tokens": used + waiting_tokens,
+                "num_active_tokens": used + waiting_tokens, "num_prealloc_ready_tokens": 0,
+                "max_total_num_tokens": self.max_total_tokens, "max_running_requests": self.max_running,
+                "token_usage": round(used / self.max_total_tokens, 4), "gen_throughput": round(self.g_gen_throughput, 2),
+                "cache_hit_rate": 0.0, "utilization": round(len(self.running) / max(self.max_running, 1), 4),
+                "total_prefill_uncached_tokens": 0, "total_prefill_busy_us": 0, "decode_moments": None}
+        if include != {"core"}:
+            sections = {"memory": ("memory", {"weight_gb": 73.61, "kv_cache_gb": 8.79, "graph_gb": 0.5,
+                                              "token_capacity": self.max_total_tokens})}
+            if self.algo and self.total_rounds + self.iv_rounds > 0:
+                sections["spec"] = ("speculative", {"accept_length": self.avg_accept_length(),
+                                                    "accept_rate": self.last_accept_rate})
+            sections["disagg"] = ("disaggregation", {
+                "mode": "null", "prefill_bootstrap_queue_reqs": 0, "prefill_inflight_queue_reqs": 0,
+                "decode_prealloc_queue_reqs": 0, "decode_transfer_queue_reqs": 0, "decode_retracted_queue_reqs": 0,
+                "kv_transfer_speed_gb_s": 0.0, "kv_transfer_latency_ms": 0.0})
+            sections["queues"] = ("queues", {"waiting": len(self.waiting), "grammar": 0, "paused": 0,
+                                             "retracted": 0, "prealloc_ready": 0})
+            for name, (key, value) in sections.items():
+                if include is None or "all" in include or name in include:
+                    load[key] = value
+        tp = int(self.args.tp_size or 1) * int(self.args.pp_size or 1)
+        return await self._send(writer, 200, {
+            "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(), "version": "0.5.23",
+            "accelerator": "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "num_accelerators": tp,
+            "loads": [load] if dp in (None, 0) else []}, keep=keep)
+
     def avg_accept_length(self) -> float:
         tokens = self.total_accept_tokens + self.iv_accept_tokens
         rounds = self.total_rounds + self.iv_rounds

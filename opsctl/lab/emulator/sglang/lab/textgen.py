@@ -24,6 +24,10 @@ WORDS = (
 ).split()
 VOCAB_SIZE = 163840          # Kimi K2's vocabulary size (ids above len(WORDS) are hashed words)
 EOS_ID = 163585
+# Where the model ends an answer (emits EOS) unless the request sets ignore_eos: a natural length
+# per prompt (greedy: a hash of the prompt; sampled: drawn per request), long enough that short
+# test requests never meet it. SGLang stops there with finish_reason {"type": "stop", "matched": EOS}.
+NATURAL_MIN, NATURAL_SPAN = 256, 768
 
 
 def _word_id(word: str) -> int:
@@ -39,7 +43,8 @@ def encode(text: str) -> list[int]:
 
 
 def decode(ids: list[int]) -> str:
-    return "".join(" " + (WORDS[i] if 0 <= i < len(WORDS) else f"<{i}>") for i in ids)
+    # skip_special_tokens (SGLang's default): EOS is in output_ids, not in the text
+    return "".join(" " + (WORDS[i] if 0 <= i < len(WORDS) else f"<{i}>") for i in ids if i != EOS_ID)
 
 
 def prompt_key(input_ids: list[int]) -> bytes:
@@ -63,6 +68,16 @@ class Generator:
         self.greedy = temperature <= 0.0
         self.rng = random.Random(seed)
         self.wrong_after = wrong_after
+        self.seed = seed
+
+    def eos_position(self) -> int:
+        """The output length at which this answer ends on its own (its last token is EOS)."""
+        if self.greedy:
+            h = int.from_bytes(hashlib.blake2b(self.key + b"eos", digest_size=4).digest(), "little")
+        else:
+            h = (random.Random(self.key + str(self.seed).encode()) if self.seed is not None
+                 else random.Random()).getrandbits(32)
+        return NATURAL_MIN + h % NATURAL_SPAN
 
     def token(self, position: int) -> int:
         if not self.greedy:

@@ -1,0 +1,287 @@
+"""The drain before a switch and the serving gap it leaves (issue #35), the parts below the flow:
+SGLang 0.5.23's load snapshot (`GET /v1/loads`, entrypoints/v1_loads.py: `loads[]` with
+`num_running_reqs` and `num_waiting_reqs`; 0.5.23 has no `/get_load`), the deadline's default,
+the load balancer's hooks (a command on the controller or an HTTP call), and `Gap`: when the host
+left the pool, when the old server stopped, when the new one was ready, when it was back — the
+figures every switch's ledger record carries. The flow (opsctl/flow/switch.py) does the I/O on the
+host; nothing here imports the flow.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from opsctl.config import DRAIN_DEADLINE_DEFAULT_S, DRAIN_DEADLINE_MAX_S, DrainHook, DrainSettings, HostConfig
+from opsctl.errors import HostError
+
+LOADS_PATH = "/v1/loads"
+LAB_TIME_SCALE_FILE = "/etc/opsctl-lab/time_scale"   # the emulator's, in the lab's guest
+
+
+@dataclass(frozen=True)
+class Load:
+    running: int
+    waiting: int
+
+    @property
+    def busy(self) -> int:
+        return self.running + self.waiting
+
+
+def parse_loads(text: str) -> Load | None:
+    """0.5.23's `GET /v1/loads` body (`LoadSnapshot.to_dict`): the sum over its `loads` (one per DP
+    rank) of `num_running_reqs` and `num_waiting_reqs`. None: no answer, or not that shape (the
+    server is gone or not up)."""
+    try:
+        doc = json.loads(text)
+    except (ValueError, TypeError):
+        return None
+    loads = doc.get("loads") if isinstance(doc, dict) else None
+    if not isinstance(loads, list):
+        return None
+    running = waiting = 0
+    for item in loads:
+        if not isinstance(item, dict):
+            return None
+        r, w = item.get("num_running_reqs", 0), item.get("num_waiting_reqs", 0)
+        if not isinstance(r, int) or not isinstance(w, int):
+            return None
+        running, waiting = running + r, waiting + w
+    return Load(running, waiting)
+
+
+def default_deadline_s(p99_request_s: float | None) -> float:
+    """The stored bench's p99 request time x 2, at most 10 min; 300 s when none is known."""
+    if p99_request_s is None or p99_request_s <= 0:
+        return float(DRAIN_DEADLINE_DEFAULT_S)
+    return float(min(DRAIN_DEADLINE_MAX_S, round(p99_request_s * 2, 1)))
+
+
+def deadline_s(settings: DrainSettings, p99_request_s: float | None) -> float:
+    return float(settings.deadline_s) if settings.deadline_s is not None else default_deadline_s(p99_request_s)
+
+
+def bench_p99_s(run: Any) -> float | None:
+    """The slowest level's p99 end-to-end request time of a stored bench run, in seconds."""
+    vals = [getattr(lv, "p99_e2e_latency_ms", 0.0) or 0.0 for lv in getattr(run, "levels", []) or []]
+    best = max(vals, default=0.0)
+    return best / 1000.0 if best > 0 else None
+
+
+# --------------------------------------------------------------------------- hooks
+
+
+def hook_env(host: HostConfig, direction: str) -> dict[str, str]:
+    return {"OPSCTL_HOST": host.name, "OPSCTL_ADDRESS": host.ssh.address, "OPSCTL_PORT": str(host.http_port),
+            "OPSCTL_DRAIN": direction}
+
+
+def run_hook(hook: DrainHook, host: HostConfig, direction: str) -> None:
+    """Run one hook; HostError (exit 3) when it fails, naming it."""
+    env = hook_env(host, direction)
+    if hook.command is not None:
+        try:
+            p = subprocess.run(["/bin/sh", "-c", hook.command, "opsctl-drain-hook", host.name, host.ssh.address],
+                               env={**os.environ, **env}, capture_output=True, text=True, timeout=hook.timeout_s,
+                               stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise HostError(f"{host.name}: the drain '{direction}' hook did not finish within {hook.timeout_s:g} s",
+                            f"fix opsctl.drain.hooks.{direction} (it runs on the controller)") from None
+        if p.returncode != 0:
+            tail = ((p.stderr or p.stdout).strip().splitlines() or [""])[-1][:200]
+            raise HostError(f"{host.name}: the drain '{direction}' hook failed (exit {p.returncode})"
+                            + (f": {tail}" if tail else ""),
+                            f"fix opsctl.drain.hooks.{direction} or the load balancer it calls, then run again")
+        return
+    import urllib.error
+    import urllib.request
+
+    body = json.dumps({"host": host.name, "address": host.ssh.address, "port": host.http_port,
+                       "drain": direction}).encode()
+    req = urllib.request.Request(hook.url or "", data=None if hook.method == "GET" else body, method=hook.method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=hook.timeout_s) as resp:
+            resp.read()
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise HostError(f"{host.name}: the drain '{direction}' hook ({hook.method} {_scheme_host(hook.url)}) "
+                        f"failed: {getattr(exc, 'code', None) or getattr(exc, 'reason', None) or exc}",
+                        f"fix opsctl.drain.hooks.{direction} or the load balancer it calls, then run again") from None
+
+
+def _scheme_host(url: str | None) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url or "")
+    return f"{parts.scheme}://{parts.hostname or ''}"
+
+
+# --------------------------------------------------------------------------- the gap
+
+
+@dataclass
+class Gap:
+    """One switch's serving gap. Times are the controller's wall clock (epoch seconds), the
+    same clock for every host of a rollout, so a fleet's ledgers can be compared."""
+
+    why: str                         # deploy | trial | rollback | restore | ...
+    from_release: str | None
+    to_release: str | None
+    deadline_s: float
+    drain: bool = True               # False: nothing was drained (the drain is off, or nothing served)
+    enabled: bool = True             # opsctl.drain.enabled
+    hooks: bool = False
+    out_at: float | None = None      # left the pool (the out hook ran; else the drain began)
+    stop_at: float | None = None     # SIGTERM: /health turns 503, no further request is waited for
+    stopped_at: float | None = None  # the old server was gone, the new one forked
+    ready_at: float | None = None
+    in_at: float | None = None       # back in the pool (the in hook ran; else ready)
+    inflight_at_start: int | None = None
+    aborted: int = 0                 # requests still running at the deadline, cut by the stop
+    deadline_hit: bool = False
+    result: str = "ok"
+    time_scale: float | None = None  # the lab's (its emulator's journal line): site = lab x scale
+    startup: dict = field(default_factory=dict)   # the start's phases at the site's scale (opsctl.startup)
+
+    @staticmethod
+    def now() -> float:
+        return time.time()
+
+    def _span(self, a: float | None, b: float | None) -> float | None:
+        return round(b - a, 2) if a is not None and b is not None else None
+
+    @property
+    def drain_s(self) -> float | None:
+        return self._span(self.out_at, self.stopped_at if self.stop_at is None else self.stop_at)
+
+    @property
+    def stop_s(self) -> float | None:
+        return self._span(self.stop_at, self.stopped_at)
+
+    @property
+    def start_s(self) -> float | None:
+        return self._span(self.stopped_at, self.ready_at)
+
+    @property
+    def gap_s(self) -> float | None:
+        """No server answering requests: from the stop (503) to ready."""
+        return self._span(self.stop_at, self.ready_at)
+
+    @property
+    def out_of_pool_s(self) -> float | None:
+        return self._span(self.out_at, self.in_at)
+
+    def record(self) -> dict:
+        rec: dict[str, Any] = {
+            "action": "switch", "result": self.result, "why": self.why, "from_release": self.from_release,
+            "to_release": self.to_release, "drain": self.drain, "hooks": self.hooks, "deadline_s": self.deadline_s,
+            "drain_s": self.drain_s, "stop_s": self.stop_s, "start_s": self.start_s, "gap_s": self.gap_s,
+            "out_of_pool_s": self.out_of_pool_s, "inflight_at_start": self.inflight_at_start,
+            "aborted": self.aborted, "deadline_hit": self.deadline_hit,
+            "pool_out_at": self.out_at, "stop_at": self.stop_at, "stopped_at": self.stopped_at,
+            "ready_at": self.ready_at, "pool_in_at": self.in_at}
+        if self.time_scale:
+            rec["time_scale"] = self.time_scale
+            rec["site"] = {k: (round(v * self.time_scale, 1) if v is not None else None)
+                           for k, v in (("drain_s", self.drain_s), ("stop_s", self.stop_s),
+                                        ("start_s", self.start_s), ("gap_s", self.gap_s))}
+        if self.startup:
+            rec["startup"] = self.startup
+        return rec
+
+
+def human_s(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    m, s = divmod(int(round(seconds)), 60)
+    if m < 60:
+        return f"{m} min {s} s" if s else f"{m} min"
+    h, m = divmod(m, 60)
+    return f"{h} h {m} min"
+
+
+def describe(rec: dict) -> str:
+    """One line for a switch record: `gap 4.1 s (drain 0.3 s, stop 0.2 s, start 3.6 s), 0 aborted`,
+    and in the lab `... in the lab = 34 min at the site`."""
+    if not rec:
+        return "no switch recorded"
+    gap = rec.get("gap_s")
+    scale = rec.get("time_scale")
+    line = (f"gap {human_s(gap)}" + (f" in the lab = {human_s(gap * scale)} at the site" if scale and gap is not None
+                                     else "")
+            + f" (drain {human_s(rec.get('drain_s'))}, stop {human_s(rec.get('stop_s'))}, "
+              f"start {human_s(rec.get('start_s'))})")
+    line += f", {rec.get('inflight_at_start') or 0} in flight at the drain's start, {rec.get('aborted') or 0} aborted"
+    if rec.get("deadline_hit"):
+        line += f" (deadline {rec.get('deadline_s'):g} s reached)"
+    return line
+
+
+def last_switch(ledger: list[dict]) -> dict | None:
+    for rec in reversed(ledger):
+        if rec.get("action") == "switch":
+            return rec
+    return None
+
+
+# --------------------------------------------------------------------------- a fleet's pool
+
+
+def pool_intervals(records: list[dict]) -> list[tuple[float, float, str]]:
+    """(left, back, host) for every switch record that took its host out of the pool; a host
+    that never came back (a start that failed, its rollback not yet recorded) counts as out
+    until the host's next switch record brings it back, else until now."""
+    out: list[tuple[float, float, str]] = []
+    for rec in records:
+        if rec.get("action") != "switch" or rec.get("pool_out_at") is None:
+            continue
+        back = rec.get("pool_in_at")
+        out.append((float(rec["pool_out_at"]), float(back) if back is not None else float("inf"),
+                    str(rec.get("host") or "?")))
+    # a host left out by a failed start is back at its next switch's return to the pool
+    by_host: dict[str, list[tuple[float, float, str]]] = {}
+    for iv in sorted(out):
+        by_host.setdefault(iv[2], []).append(iv)
+    fixed = []
+    for ivs in by_host.values():
+        for i, (a, b, h) in enumerate(ivs):
+            if b == float("inf") and i + 1 < len(ivs):
+                b = ivs[i + 1][1]
+            fixed.append((a, b, h))
+    return sorted(fixed)
+
+
+def serving_timeline(records: list[dict], hosts: int) -> list[tuple[float, int]]:
+    """(moment, hosts in the pool) at every change, from the ledgers' switch records."""
+    events = []
+    for a, b, _ in pool_intervals(records):
+        events.append((a, -1))
+        if b != float("inf"):
+            events.append((b, +1))
+    serving, line = hosts, []
+    for t, d in sorted(events, key=lambda e: (e[0], -e[1])):   # back before out at the same instant
+        serving += d
+        line.append((t, serving))
+    return line
+
+
+def max_out_of_pool(records: list[dict]) -> int:
+    """The most hosts out of the pool at any one moment."""
+    return max([0, *_out_counts(records)])
+
+
+def _out_counts(records: list[dict]) -> list[int]:
+    events = []
+    for a, b, _ in pool_intervals(records):
+        events += [(a, 1), (b, -1)]
+    n, counts = 0, []
+    for _, d in sorted(events, key=lambda e: (e[0], e[1])):   # back before out at the same instant
+        n += d
+        counts.append(n)
+    return counts

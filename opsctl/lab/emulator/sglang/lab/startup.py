@@ -1,0 +1,190 @@
+"""Start-up time of the emulated server: phases modelled at the site's scale, run at the lab's.
+
+At the site (8 x RTX PRO 6000 Blackwell over PCIe, a 744B-class MoE on SGLang 0.5.23) a start
+takes minutes: ~36 s of weight loading (multithreaded), ~208 s of CUDA-graph capture in all,
+~3 min of server warm-up (`--skip-server-warmup` saves it), 7-8 min from start to ready
+(voipmonitor/rtx6kpro models/glm5.md, inference-engines/sglang.md; ../shared/reference/restarts.md).
+The DDTree runtime adds the Triton compile of its draft head, once per specialisation
+(budget, block, vocabulary shard, GPU architecture), unless the release's Triton cache holds it.
+
+The emulator prints every phase with its MODELLED (site-scale) seconds in SGLang's own lines
+(`Load weight end. elapsed=36.00 s`, `Capture target verify CUDA graph end. ... elapsed=...`),
+and sleeps modelled / OPSCTL_LAB_TIME_SCALE real seconds, so a lab start stays about a second.
+
+Environment (all optional):
+  OPSCTL_LAB_TIME_SCALE   site seconds per lab second (default 500; 1 = the site's real time).
+                          Without it, /etc/opsctl-lab/time_scale (next to the fault file) if present.
+  OPSCTL_LAB_STARTUP      JSON overriding the model's constants below (keys of DEFAULTS; compile_s
+                          maps budget -> seconds), e.g. '{"weight_load_s": 60, "warmup_s": 0}'.
+  TRITON_CACHE_DIR        the release's Triton cache; its opsctl-triton-manifest.json lists the
+                          specialisations compiled into it (see docs/lab.md, "Start-up phases").
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_TIME_SCALE = 500.0
+MANIFEST_NAME = "opsctl-triton-manifest.json"
+GPU_ARCH = "sm_120"            # RTX PRO 6000 Blackwell: compute capability 12.0 (the lab's nvidia-smi)
+
+# The draft head's first call per budget with a fresh Triton cache (issue 36, H200, draft head
+# at vocabulary shard 20480, H 7168, block 8; the bs 1 column): one compile per specialisation.
+COMPILE_S = {4: 6.8, 8: 9.6, 16: 22.1, 32: 43.1, 64: 60.9}
+
+DEFAULTS: dict = {
+    # before weight loading: process start, NCCL/torch distributed init, tokenizer (no line of its own)
+    "init_s": 14.0,
+    # `Load weight end. elapsed=` at TP8 with multithreaded loading (GLM-5 on 8 x RTX PRO 6000: ~36 s)
+    "weight_load_s": 36.0,
+    # KV-cache allocation and memory pool (no elapsed of its own)
+    "memory_pool_s": 4.0,
+    # one decode graph per captured batch size: per_bs_s + per_token_s x num_tokens_per_req
+    # (AR, max bs 256: 35 sizes x 5.95 s = 208 s, the site's ~208 s in all)
+    "capture_per_bs_s": 5.9,
+    "capture_per_token_s": 0.05,
+    # the drafter's graphs (one block-size forward per batch size)
+    "draft_capture_per_bs_s": 1.0,
+    # `--skip-server-warmup` saves ~3 min at the site
+    "warmup_s": 180.0,
+    "compile_s": dict(COMPILE_S),
+}
+
+
+class ScaleError(ValueError):
+    pass
+
+
+def time_scale() -> float:
+    raw = os.environ.get("OPSCTL_LAB_TIME_SCALE")
+    source = "OPSCTL_LAB_TIME_SCALE"
+    if raw is None:
+        faults = Path(os.environ.get("OPSCTL_LAB_FAULTS", "/etc/opsctl-lab/faults.json"))
+        try:
+            raw = (faults.parent / "time_scale").read_text().strip()
+            source = str(faults.parent / "time_scale")
+        except OSError:
+            return DEFAULT_TIME_SCALE
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not math.isfinite(value) or value <= 0:
+        raise ScaleError(f"{source}={raw!r} is not a positive number (site seconds per lab second; "
+                         f"default {DEFAULT_TIME_SCALE:g})")
+    return value
+
+
+def constants() -> dict:
+    out = {**DEFAULTS, "compile_s": dict(DEFAULTS["compile_s"])}
+    raw = os.environ.get("OPSCTL_LAB_STARTUP")
+    if raw:
+        try:
+            over = json.loads(raw)
+        except ValueError:
+            over = {}
+        for k, v in (over if isinstance(over, dict) else {}).items():
+            if k == "compile_s" and isinstance(v, dict):
+                out["compile_s"].update({int(b): float(s) for b, s in v.items()})
+            elif k in DEFAULTS:
+                out[k] = float(v)
+    return out
+
+
+def compile_seconds(budget: int, table: dict[int, float]) -> float:
+    """One specialisation's compile: the table's value, log-linear between its budgets,
+    proportional below the smallest and flat above the largest."""
+    pts = sorted(table.items())
+    if budget in table:
+        return float(table[budget])
+    if budget < pts[0][0]:
+        return pts[0][1] * budget / pts[0][0]
+    if budget > pts[-1][0]:
+        return float(pts[-1][1])
+    for (b0, s0), (b1, s1) in zip(pts, pts[1:]):
+        if b0 < budget < b1:
+            f = (math.log(budget) - math.log(b0)) / (math.log(b1) - math.log(b0))
+            return s0 + (s1 - s0) * f
+    return float(pts[-1][1])
+
+
+@dataclass(frozen=True)
+class Specialisation:
+    budget: int
+    block: int
+    vocab_shard: int
+    arch: str = GPU_ARCH
+
+    def as_dict(self) -> dict:
+        return {"budget": self.budget, "block": self.block, "vocab_shard": self.vocab_shard, "arch": self.arch}
+
+
+def cached_specialisations() -> tuple[str | None, set[Specialisation]]:
+    """(TRITON_CACHE_DIR, what its manifest lists); an unreadable manifest lists nothing."""
+    d = os.environ.get("TRITON_CACHE_DIR")
+    if not d:
+        return None, set()
+    try:
+        doc = json.loads(Path(d, MANIFEST_NAME).read_text())
+        out = set()
+        for s in doc.get("specialisations", []):
+            out.add(Specialisation(int(s["budget"]), int(s["block"]), int(s["vocab_shard"]), str(s["arch"])))
+        return d, out
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return d, set()
+
+
+@dataclass
+class Plan:
+    """What this start costs, phase by phase, in modelled (site) seconds."""
+
+    scale: float
+    init_s: float
+    weight_load_s: float
+    memory_pool_s: float
+    target_captures: list[tuple[int, list[int], float]] = field(default_factory=list)   # (width, bs, s)
+    draft_capture_s: float = 0.0
+    compiles: list[tuple[Specialisation, float]] = field(default_factory=list)
+    compile_cache: str | None = None
+    warmup_s: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        return (self.init_s + self.weight_load_s + self.memory_pool_s + sum(s for _, _, s in self.target_captures)
+                + self.draft_capture_s + sum(s for _, s in self.compiles) + self.warmup_s)
+
+    def lab(self, modelled_s: float) -> float:
+        return modelled_s / self.scale
+
+
+def plan(*, groups: list[tuple[int, list[int]]], drafted_bs: list[int], budgets: list[int], block: int,
+         vocab_shard: int, skip_warmup: bool, dummy_weights: bool) -> Plan:
+    c = constants()
+    p = Plan(scale=time_scale(), init_s=c["init_s"],
+             weight_load_s=c["weight_load_s"] * (0.1 if dummy_weights else 1.0), memory_pool_s=c["memory_pool_s"],
+             warmup_s=0.0 if skip_warmup else c["warmup_s"])
+    for width, bs in groups:
+        p.target_captures.append((width, bs, len(bs) * (c["capture_per_bs_s"] + c["capture_per_token_s"] * width)))
+    p.draft_capture_s = len(drafted_bs) * c["draft_capture_per_bs_s"]
+    cache, cached = cached_specialisations()
+    p.compile_cache = cache
+    for b in sorted(set(x for x in budgets if x > 0)):
+        spec = Specialisation(b, block, vocab_shard)
+        if spec not in cached:
+            p.compiles.append((spec, compile_seconds(b, c["compile_s"])))
+    return p
+
+
+def rank_factor(i: int) -> float:
+    """Ranks finish a phase a little apart (deterministic): rank i takes (1 + 0.003 i) of the phase."""
+    return 1.0 + 0.003 * i
+
+
+def fail(msg: str) -> None:
+    sys.stdout.write(f"[opsctl-lab] {msg}\n")
+    sys.stdout.flush()
+    os._exit(2)

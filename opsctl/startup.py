@@ -1,0 +1,258 @@
+"""Start-up phases of one SGLang start, read from its journal, and a start compared with the last.
+
+Each phase carries its seconds from the line SGLang prints for it when there is one, else from
+the journal's clock:
+
+| phase                       | from                                                                     |
+| --------------------------- | ------------------------------------------------------------------------ |
+| `weight_load`               | `Load weight end. elapsed=X s` (the slowest rank)                        |
+| `capture <kind> width <W>`  | each `Capture <kind> CUDA graph end. ... elapsed=X s` (0.5.23), or       |
+|                             | `Capture cuda graph end. Time elapsed: X s` (up to 0.5.10); per graph,   |
+|                             | the slowest rank; DDTree: the band's budget is W - 1                     |
+| `draft_capture`             | the draft graph's end line, less the runtime's compile that ran inside it |
+| `compile budget <B>`        | the DDTree runtime's `DDTREE Triton compile: budget=B, ..., elapsed=X s` |
+| `warmup`                    | the clock from `Uvicorn running on` (or the last start-up line) to ready |
+| `other`                     | total less the phases above (process start, NCCL init, KV cache, ...)     |
+| total                       | the clock from the start's first line to `The server is fired up ...`    |
+
+The lab's SGLang emulator models a start at the site's scale and runs it faster by its time
+scale; its `[opsctl-lab] start-up at the site's scale: total=X s, warm-up=Y s (lab Z s, time
+scale N)` line gives the clock-measured figures at the site's scale (its other lines already
+carry modelled seconds), and `time_scale` says so.
+
+Standard library only (no typer, rich or pydantic at import); `SlowerStart.finding()` builds the
+project's `Finding`.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from opsctl import journal
+
+SLOWER = 0.30       # a start this much slower than the previous start of the same profile is a finding
+
+_COMPILE = re.compile(r"^DDTREE Triton compile: budget=(?P<budget>\d+), block=(?P<block>\d+), "
+                      r"vocab_shard=(?P<vocab>\d+), arch=(?P<arch>\w+), elapsed=(?P<s>[\d.]+) s")
+_LAB = re.compile(r"^\[opsctl-lab\] start-up at the site's scale: total=(?P<total>[\d.]+) s, "
+                  r"warm-up=(?P<warmup>[\d.]+) s \(lab (?P<lab>[\d.]+) s, time scale (?P<scale>[\d.eE+]+)\)")
+_LOAD_END = re.compile(r"^Load weight end\.(?:.*?\belapsed=(?P<s>[\d.]+) s)?")
+_UVICORN = re.compile(r"^INFO:\s+Uvicorn running on ")
+_DDTREE_ALGOS = {"DDTREE"}
+
+
+@dataclass(frozen=True)
+class Phase:
+    key: str                     # unique within a start: "weight_load", "capture target verify width 17", ...
+    seconds: float | None
+    source: str                  # "line" (SGLang's own elapsed), "clock" (journal timestamps), "lab", "rest"
+    line: int | None = None      # where it was read (1-based), None for derived phases
+    kind: str | None = None      # capture kind ("target verify", "target decode", "draft decode", "legacy")
+    width: int | None = None     # num_tokens_per_req of a capture
+    budget: int | None = None    # DDTree: the band's budget (width - 1) / the compile's specialisation
+    detail: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        out: dict[str, Any] = {"phase": self.key, "seconds": self.seconds, "source": self.source}
+        for k in ("line", "kind", "width", "budget"):
+            if getattr(self, k) is not None:
+                out[k] = getattr(self, k)
+        if self.detail:
+            out.update(self.detail)
+        return out
+
+
+@dataclass(frozen=True)
+class Startup:
+    phases: list[Phase]
+    ready: bool
+    total_s: float | None
+    total_source: str | None     # "clock", "lab" or "sum" (no timestamps: the phases added up)
+    time_scale: float | None = None   # the lab emulator's; None for a real server
+    lab_s: float | None = None        # the lab's own start-to-ready seconds (emulator only)
+
+    def phase(self, key: str) -> Phase | None:
+        return next((p for p in self.phases if p.key == key), None)
+
+    def seconds(self) -> dict[str, float]:
+        return {p.key: p.seconds for p in self.phases if p.seconds is not None}
+
+    def as_dict(self) -> dict:
+        return {"ready": self.ready, "total_s": self.total_s, "total_source": self.total_source,
+                "time_scale": self.time_scale, "lab_s": self.lab_s, "phases": [p.as_dict() for p in self.phases]}
+
+
+def _slowest(events: Iterable[tuple[float | None, int]]) -> tuple[float | None, int | None]:
+    best: tuple[float | None, int | None] = (None, None)
+    for s, line in events:
+        if s is not None and (best[0] is None or s > best[0]):
+            best = (s, line)
+    return best
+
+
+def parse(source: Any) -> Startup:
+    """The phases of the last start in `source` (journal text, `journalctl -o json` entries, or a
+    `journal.ParsedJournal`); within it, the last server process (a crash and restart inside one
+    start counts the process that got ready, or the last one)."""
+    parsed = source if isinstance(source, journal.ParsedJournal) else journal.parse(source)
+    start = journal.starts(parsed)[-1]
+    proc = start.latest_process
+    if start.ready:   # the process that printed the ready line
+        proc = start.ready[-1].process
+    lines = [ln for ln in start.lines if ln.process == proc]
+    algo = None
+    for sa in start.server_args:
+        if sa.line.process == proc:
+            algo = str(sa.args.get("speculative_algorithm") or "") .upper() or None
+    ddtree = algo in _DDTREE_ALGOS or any(s.line.process == proc for s in start.schedules)
+
+    phases: list[Phase] = []
+    # weight loading (every rank prints it; the start waits for the slowest)
+    load_ends = [(ln, _LOAD_END.match(ln.text)) for ln in lines]
+    load_ends = [(ln, m) for ln, m in load_ends if m]
+    s, at = _slowest((float(m["s"]) if m["s"] else None, ln.line_no) for ln, m in load_ends)
+    if load_ends:
+        src = "line"
+        if s is None:   # 0.4.x prints no elapsed: the clock from the first begin to the last end
+            begin = next((ln for ln in lines if ln.text.startswith("Load weight begin") and ln.timestamp), None)
+            end = load_ends[-1][0]
+            at = end.line_no
+            src = "clock" if begin is not None and end.timestamp is not None else "none"
+            s = (end.timestamp - begin.timestamp).total_seconds() if src == "clock" else None
+        phases.append(Phase("weight_load", s, src, at))
+
+    # the runtime's compile, per specialisation (TP0)
+    compiles: dict[int, Phase] = {}
+    for ln in lines:
+        m = _COMPILE.match(ln.text)
+        if m:
+            b = int(m["budget"])
+            compiles[b] = Phase(f"compile budget {b}", float(m["s"]), "line", ln.line_no, budget=b,
+                                detail={"block": int(m["block"]), "vocab_shard": int(m["vocab"]), "arch": m["arch"]})
+    compile_total = sum(p.seconds or 0.0 for p in compiles.values())
+
+    # captures: one phase per graph (kind, width), the slowest rank's elapsed
+    groups: dict[tuple[str, int | None], list] = {}
+    for cap in start.captures_of(proc):
+        groups.setdefault((cap.kind, cap.num_tokens_per_req), []).append(cap)
+    for (kind, width), caps in groups.items():
+        s, at = _slowest((c.elapsed_s, c.begin.line.line_no) for c in caps)
+        complete = all(c.complete for c in caps)
+        draft = kind.startswith("draft")
+        if draft:
+            key = "draft_capture" if width is None else f"draft_capture width {width}"
+            if s is not None and compiles:
+                s = round(max(s - compile_total, 0.0), 2)   # the runtime's compile ran inside the draft capture
+        else:
+            label = "capture" if kind == journal.LEGACY else f"capture {kind}"   # `Capture cuda graph end` (<= 0.5.10)
+            key = label + (f" width {width}" if width is not None else "")
+        budget = width - 1 if (ddtree and kind == "target verify" and width is not None) else None
+        detail: dict[str, Any] = {}
+        if not complete:
+            detail["complete"] = False
+        bs = next((c.bs for c in caps if c.bs), None)
+        if bs:
+            detail["bs"] = [min(bs), max(bs)] if len(bs) > 1 else list(bs)
+        phases.append(Phase(key, s, "line", at, kind=kind, width=width, budget=budget, detail=detail))
+    phases.extend(compiles.values())
+
+    # ready, warm-up, total
+    ready_lines = [ln for ln in start.ready if ln.process == proc]
+    ready = ready_lines[-1] if ready_lines else None
+    lab = None
+    for ln in lines:
+        m = _LAB.match(ln.text)
+        if m:
+            lab = m
+    first = next((ln for ln in lines if ln.timestamp is not None), None)
+    total_s = total_src = None
+    warm_s = None
+    warm_src = "clock"
+    if lab is not None:
+        total_s, total_src = float(lab["total"]), "lab"
+        warm_s, warm_src = float(lab["warmup"]), "lab"
+    elif ready is not None and ready.timestamp is not None:
+        if first is not None and first.timestamp is not None:
+            total_s, total_src = (ready.timestamp - first.timestamp).total_seconds(), "clock"
+        before = [ln for ln in lines if ln.line_no < ready.line_no and ln.timestamp is not None]
+        uv = [ln for ln in before if _UVICORN.match(ln.text)]
+        startup_marks = [ln for ln in before if journal.parse_capture(ln) or _LOAD_END.match(ln.text)
+                         or ln.text.startswith(("Memory pool end", "max_total_num_tokens="))]
+        mark = uv[-1] if uv else (startup_marks[-1] if startup_marks else None)
+        if mark is not None:
+            warm_s = (ready.timestamp - mark.timestamp).total_seconds()
+    if ready is not None and warm_s is not None:
+        phases.append(Phase("warmup", warm_s, warm_src, ready.line_no))
+    known = sum(p.seconds or 0.0 for p in phases)
+    if total_s is None and ready is not None and phases:
+        total_s, total_src = known, "sum"
+    elif total_s is not None and total_s - known > 0.5:
+        phases.append(Phase("other", round(total_s - known, 2), "rest"))
+    return Startup(phases, ready is not None, total_s, total_src,
+                   time_scale=float(lab["scale"]) if lab else None, lab_s=float(lab["lab"]) if lab else None)
+
+
+# --------------------------------------------------------------------------- comparison
+
+_FIX = {
+    "weight_load": "weights loaded slower: a cold page cache or a slower disk/NFS path, or a loader without "
+                   "multithreading (--model-loader-extra-config '{\"enable_multithread_load\": true}')",
+    "capture": "more graphs were captured (a new band, a larger --cuda-graph-max-bs-decode, more batch sizes) "
+               "or each capture got slower; compare the bs lists of both starts",
+    "draft_capture": "the drafter's graphs took longer: more batch sizes with a tree, or a larger block",
+    "compile": "the DDTree runtime compiled its Triton kernels at start: pre-fill the release's Triton cache "
+               "(TRITON_CACHE_DIR with opsctl-triton-manifest.json) for every specialisation before the switch",
+    "warmup": "the warm-up request took longer: a cold JIT cache (FlashInfer, DeepGEMM) or autotuning; keep the "
+              "JIT caches on the host between releases",
+    "other": "time outside the phases SGLang reports grew: process start, NCCL init, KV-cache allocation",
+}
+
+
+@dataclass(frozen=True)
+class SlowerStart:
+    """The comparison of a start with the previous start of the same profile."""
+
+    previous_s: float | None
+    current_s: float | None
+    ratio: float | None                  # current / previous
+    slower: bool                         # at least SLOWER more
+    phase: str | None                    # the phase that grew the most (seconds)
+    deltas: dict[str, float]             # phase -> seconds more (negative: less), every phase of either start
+    threshold: float = SLOWER
+
+    def as_dict(self) -> dict:
+        return {"previous_s": self.previous_s, "current_s": self.current_s, "ratio": self.ratio,
+                "slower": self.slower, "phase": self.phase, "deltas": self.deltas, "threshold": self.threshold}
+
+    def diagnosis(self) -> str:
+        if self.ratio is None:
+            return "no previous start of this profile to compare with (or a start that never got ready)"
+        pct = (self.ratio - 1.0) * 100
+        head = (f"start took {self.current_s:.0f} s, {pct:+.0f} % against the previous start of this profile "
+                f"({self.previous_s:.0f} s)")
+        if self.phase is None:
+            return head
+        d = self.deltas[self.phase]
+        return head + f"; most of the change in {self.phase} ({d:+.0f} s)"
+
+    def finding(self):
+        from opsctl.findings import Finding   # pydantic: imported only when asked
+
+        base = self.phase.split(" ")[0] if self.phase else ""
+        return Finding(check="startup.slower", ok=not self.slower, diagnosis=self.diagnosis(),
+                       fix=_FIX.get(base, "") if self.slower else "", details=self.as_dict())
+
+
+def compare(previous: Startup | None, current: Startup, *, threshold: float = SLOWER) -> SlowerStart:
+    """`current` against `previous` (the host's previous start of the same profile): slower when its
+    total is at least `threshold` (30 %) above; names the phase whose seconds grew the most."""
+    if previous is None or not previous.total_s or current.total_s is None:
+        return SlowerStart(previous.total_s if previous else None, current.total_s, None, False, None, {}, threshold)
+    a, b = previous.seconds(), current.seconds()
+    deltas = {k: round(b.get(k, 0.0) - a.get(k, 0.0), 2) for k in list(a) + [k for k in b if k not in a]}
+    ratio = current.total_s / previous.total_s
+    grown = {k: d for k, d in deltas.items() if d > 0}
+    phase = max(grown, key=lambda k: grown[k]) if grown else None
+    return SlowerStart(previous.total_s, current.total_s, round(ratio, 4), ratio >= 1.0 + threshold - 1e-9,
+                       phase, deltas, threshold)
