@@ -109,6 +109,10 @@ class DraftTreeHead:
             self._pdl_ok = pdl_supported(self.device)
         self._cap = 0
         self._out = None
+        # called once, at the first call (the worker: compile every kernel the
+        # captured batch sizes need, from the Triton cache or anew, inside the
+        # draft graph's capture; aot.prepare_head)
+        self.before_first_call = None
         if max_bs:
             self._alloc(int(max_bs))
 
@@ -165,6 +169,9 @@ class DraftTreeHead:
     # ------------------------------------------------------------------ the call
     def __call__(self, hidden_states: torch.Tensor, input_ids: Optional[torch.Tensor] = None, *,
                  root_tokens: Optional[torch.Tensor] = None) -> DDTrees:
+        hook, self.before_first_call = self.before_first_call, None
+        if hook is not None:
+            hook()
         hid = hidden_states.reshape(-1, self.H)
         bs = int(hid.shape[0]) // self.block
         if root_tokens is None and input_ids is not None:
@@ -216,8 +223,11 @@ class DraftTreeHead:
         return torch.mm(x, W.t()), rowmap
 
     def _pdl(self, n: int) -> bool:
-        """Programmatic dependent launch for a chunk of ``n`` requests (few rows:
-        the launches overlap the kernel before; ``CONFIG["pdl_rows_max"]``)."""
+        """Programmatic dependent launch with early triggers for a chunk of ``n``
+        requests (few rows: the launches overlap the kernel before;
+        ``CONFIG["pdl_rows_max"]``).  Above it the top-K's first kernel is
+        launched plainly and the later ones with PDL but no early trigger: the
+        same compiled kernels for every batch size (issue 36)."""
         from .triton_kernels import CONFIG
 
         return self._pdl_ok and n * self.L <= int(CONFIG.get("pdl_rows_max") or 0)
@@ -252,14 +262,15 @@ class DraftTreeHead:
         for c0 in range(0, bs, cr):
             c1 = min(bs, c0 + cr)
             n = c1 - c0
-            pdl = self._pdl(n)
-            logits, rowmap = self._gemm_rows(hid, c0, c1, full, pdl)
+            early = self._pdl(n)
+            pdl = self._pdl_ok and (early or bool(tk.CONFIG.get("pdl_late", True)))
+            logits, rowmap = self._gemm_rows(hid, c0, c1, full, early)
             cfg = self.cfg or tk.regime_config(n * L, self.Vs)
             r0, r1 = c0 * L, c1 * L
             if self.tp > 1:
                 if self.Ks == K:
                     tk.topk_rows(logits, n * L, K, s_val[r0:r1], s_id[r0:r1], cfg=cfg, rowmap=rowmap,
-                                 raw=(s_lse[r0:r1], self.vocab_start), pdl=pdl)
+                                 raw=(s_lse[r0:r1], self.vocab_start), pdl=pdl, early=early)
                 else:
                     tv = torch.empty((n * L, self.Ks), dtype=torch.float32, device=dev)
                     ti = torch.empty((n * L, self.Ks), dtype=torch.int32, device=dev)
@@ -270,15 +281,16 @@ class DraftTreeHead:
                 continue
             lp_c, id_c = lp[c0:c1].view(n * L, K), ids[c0:c1].view(n * L, K)
             if not tree_ok:
-                tk.topk_rows(logits, n * L, K, lp_c, id_c, cfg=cfg, rowmap=rowmap, pdl=pdl)
+                tk.topk_rows(logits, n * L, K, lp_c, id_c, cfg=cfg, rowmap=rowmap, pdl=pdl, early=early)
                 continue
             r = None if root is None else root[c0:c1]
             tr = tk._TreeLaunch(n, L, K, B, r, dev, out={k: v[c0:c1] for k, v in out.items()})
             if tk.fused_tree(cfg, B):
-                tk.topk_rows(logits, n * L, K, lp_c, id_c, cfg=cfg, rowmap=rowmap, nreq=n, pdl=pdl, _tree=tr)
+                tk.topk_rows(logits, n * L, K, lp_c, id_c, cfg=cfg, rowmap=rowmap, nreq=n, pdl=pdl, early=early,
+                             _tree=tr)
             else:
-                tk.topk_rows(logits, n * L, K, lp_c, id_c, cfg=cfg, rowmap=rowmap, pdl=pdl)
-                tk._launch_tree(lp_c.view(n, L, K), id_c.view(n, L, K), tr, pdl=pdl)
+                tk.topk_rows(logits, n * L, K, lp_c, id_c, cfg=cfg, rowmap=rowmap, pdl=pdl, early=early)
+                tk._launch_tree(lp_c.view(n, L, K), id_c.view(n, L, K), tr, pdl=pdl, early=early)
         if self.tp > 1:
             g = self._gather(send)
             if tree_ok:

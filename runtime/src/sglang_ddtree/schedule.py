@@ -237,3 +237,17 @@ def load_schedule(num_draft_tokens, environ: Optional[Mapping[str, str]] = None)
     sched = BudgetSchedule.from_file(path)
     sched.check_num_draft_tokens(num_draft_tokens)
     return sched
+
+
+def sglang_capture_bs(max_bs: int) -> List[int]:
+    """The decode batch sizes SGLang 0.5.23 captures for a speculative server with
+    ``--cuda-graph-max-bs-decode max_bs`` (``generate_decode_cuda_graph_batch_sizes``
+    in srt/arg_groups/cuda_graph_hook.py, speculative case, padding on; opsctl's
+    ``schedule.captured_batch_sizes`` is the same list)."""
+    max_bs = int(max_bs)
+    bs = (list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 65, 4)) + list(range(72, 257, 8))
+          + list(range(272, max_bs + 1, 16)))
+    bs = [b for b in bs if b <= max_bs]
+    if max_bs not in bs:
+        bs.append(max_bs)
+    return sorted(set(bs))

@@ -51,19 +51,39 @@ def _next_pow2(n: int) -> int:
 
 
 @triton.jit
-def _pdl_start(PDL: tl.constexpr):
-    # programmatic dependent launch (PDL): let the next kernel of the stream
-    # launch now (its programs wait in turn), then wait until the previous
-    # kernel has completed and its writes are visible -- the launch and the
-    # start of each kernel overlap the one before instead of following it
+def _pdl_start(PDL: tl.constexpr, EARLY):
+    # programmatic dependent launch (PDL): (EARLY != 0) let the next kernel of
+    # the stream launch now (its programs wait in turn), then wait until the
+    # previous kernel has completed and its writes are visible -- the launch
+    # and the start of each kernel overlap the one before instead of following
+    # it.  EARLY is a runtime value (one compiled kernel for both): with
+    # EARLY = 0 the next kernel launches only as this one's programs exit (the
+    # implicit trigger), so its programs never wait on SMs this kernel wants
     if PDL:
-        tl_cuda.gdc_launch_dependents()
+        if EARLY != 0:
+            tl_cuda.gdc_launch_dependents()
         tl_cuda.gdc_wait()
 
 
-def _pdl_args(pdl: bool) -> dict:
-    """Launch keywords of a kernel with a ``PDL`` parameter."""
-    return {"PDL": True, "launch_pdl": True} if pdl else {"PDL": False}
+def _pdl_args(pdl: bool, early=None) -> dict:
+    """Launch keywords of a kernel with ``PDL`` / ``EARLY`` parameters: launched
+    with PDL (``pdl``), dependents triggered at its start (``early``, default
+    ``pdl``)."""
+    if not pdl:
+        return {"PDL": False, "EARLY": 0}
+    return {"PDL": True, "launch_pdl": True, "EARLY": int(bool(pdl if early is None else early))}
+
+
+# Arguments the kernels are NOT specialised on (Triton specialises an integer
+# on == 1 and on divisibility by 16, a pointer on 16-byte alignment): values
+# that change with the batch size, the request chunk, the TP rank or the call
+# site (the row map, a chunk's first row, the vocabulary offset, the rows of
+# the gathered TP buffer, the root's stride, the PDL trigger) and pointers into
+# the static outputs at a chunk's first request.  One compiled kernel then
+# serves every batch size of a launch class (aot.py counts them).
+_NOSPEC_ROWS = ["RL", "RB", "RO", "id_off", "EARLY"]
+_NOSPEC_TREE = ["RS", "EARLY"]
+_NOALIGN_TREE = ["root_ptr", "tok_ptr", "par_ptr", "dep_ptr", "val_ptr", "tval_ptr", "vis_ptr", "lse_ptr"]
 
 
 @triton.jit
@@ -100,7 +120,8 @@ def _xrow(row, RL, RB, RO):
     return (row // RL) * RB + RO + row % RL
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_NOSPEC_ROWS + _NOSPEC_TREE,
+            do_not_specialize_on_alignment=[n for n in _NOALIGN_TREE if n != "val_ptr"])
 def _topk_chunk_kernel(
     x_ptr, stride_row, V, NCHUNK, RL, RB, RO,
     val_ptr, idx_ptr, m_ptr, s_ptr,
@@ -111,9 +132,9 @@ def _topk_chunk_kernel(
     FUSE: tl.constexpr, NCP: tl.constexpr, MPACK32: tl.constexpr, MBITS: tl.constexpr,
     TREE: tl.constexpr, HAS_ROOT: tl.constexpr, TL: tl.constexpr, TK: tl.constexpr, TB: tl.constexpr,
     LP: tl.constexpr, BP: tl.constexpr, TKP: tl.constexpr, NP: tl.constexpr, CP: tl.constexpr,
-    EPS: tl.constexpr, GATHER: tl.constexpr, RS: tl.constexpr, RAW: tl.constexpr, PDL: tl.constexpr,
+    EPS: tl.constexpr, GATHER: tl.constexpr, RS, RAW: tl.constexpr, PDL: tl.constexpr, EARLY,
 ):
-    _pdl_start(PDL)
+    _pdl_start(PDL, EARLY)
     row = tl.program_id(0)
     c = tl.program_id(1)
     base = x_ptr + _xrow(row, RL, RB, RO).to(tl.int64) * stride_row
@@ -171,7 +192,7 @@ def _tree_after_rows(req, rcnt_ptr, lp_ptr, id_ptr, root_ptr, sc_ptr, ps_ptr, rk
                      pos_ptr, tok_ptr, par_ptr, dep_ptr, tval_ptr, vis_ptr,
                      HAS_ROOT: tl.constexpr, TL: tl.constexpr, TK: tl.constexpr, TB: tl.constexpr,
                      LP: tl.constexpr, BP: tl.constexpr, TKP: tl.constexpr, NP: tl.constexpr,
-                     CP: tl.constexpr, EPS: tl.constexpr, GATHER: tl.constexpr, RS: tl.constexpr):
+                     CP: tl.constexpr, EPS: tl.constexpr, GATHER: tl.constexpr, RS):
     # called by the program that finished one row of request ``req``: the
     # last of the request's TL rows builds the tree (per-request counter,
     # reset to zero by that program)
@@ -244,29 +265,29 @@ def _store_top(lp_ptr, id_ptr, lse_ptr, row, K, k, val, ids, lse, id_off, RAW: t
         tl.store(id_ptr + row * K + k, ids.to(tl.int64), mask=km)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_NOSPEC_ROWS, do_not_specialize_on_alignment=["lse_ptr"])
 def _topk_merge_kernel(
     val_ptr, idx_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, NCHUNK, K, lse_ptr, id_off,
     NCP: tl.constexpr, KP: tl.constexpr, MPACK32: tl.constexpr, MBITS: tl.constexpr, RAW: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, EARLY,
 ):
-    _pdl_start(PDL)
+    _pdl_start(PDL, EARLY)
     _merge_row(val_ptr, idx_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, tl.program_id(0), NCHUNK, K, lse_ptr, id_off,
                NCP, KP, MPACK32, MBITS, False, RAW)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_NOSPEC_ROWS)
 def _groupmax_kernel(
     x_ptr, stride_row, V, NCHUNK, NGP, RL, RB, RO,
     gm_ptr, m_ptr, s_ptr,
-    CHUNK: tl.constexpr, S: tl.constexpr, EVEN: tl.constexpr, LOAD2D: tl.constexpr, PDL: tl.constexpr,
+    CHUNK: tl.constexpr, S: tl.constexpr, EVEN: tl.constexpr, LOAD2D: tl.constexpr, PDL: tl.constexpr, EARLY,
 ):
     # v2 stage 1 (streaming, no sorting): each program reads CHUNK logits once
     # and writes the maxima of its CHUNK // S contiguous groups of S, its max
     # and its sum(exp(x - max)).  -inf is clamped on the group maxima only
     # (one operation per group, not per element); groups wholly past V get
     # -3.3e38, below any real group.
-    _pdl_start(PDL)
+    _pdl_start(PDL, EARLY)
     row = tl.program_id(0)
     c = tl.program_id(1)
     base = x_ptr + _xrow(row, RL, RB, RO).to(tl.int64) * stride_row
@@ -299,15 +320,15 @@ def _groupmax_kernel(
     tl.store(gm_ptr + row.to(tl.int64) * NGP + c * (CHUNK // S) + gi, g)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_NOSPEC_ROWS, do_not_specialize_on_alignment=["lse_ptr"])
 def _group_select_kernel(
     x_ptr, stride_row, V, NCHUNK, NG, RL, RB, RO,
     gm_ptr, m_ptr, s_ptr, lp_ptr, id_ptr, K, scr_ptr, lse_ptr, id_off,
     NCP: tl.constexpr, NGP: tl.constexpr, S: tl.constexpr, KP: tl.constexpr,
     GPACK64: tl.constexpr, GBITS: tl.constexpr, EPACK32: tl.constexpr, EBITS: tl.constexpr,
-    R: tl.constexpr, ECAP: tl.constexpr, RAW: tl.constexpr, PDL: tl.constexpr,
+    R: tl.constexpr, ECAP: tl.constexpr, RAW: tl.constexpr, PDL: tl.constexpr, EARLY,
 ):
-    _pdl_start(PDL)
+    _pdl_start(PDL, EARLY)
     row = tl.program_id(0)
     _group_select_row(row, _xrow(row, RL, RB, RO), x_ptr, stride_row, V, NCHUNK, NG, gm_ptr, m_ptr, s_ptr,
                       lp_ptr, id_ptr, K, scr_ptr, lse_ptr, id_off,
@@ -479,6 +500,14 @@ CONFIG = {
     # 92.0; batch 32 (cuBLAS GEMM) 139.1 vs 131.7 (early-launched programs
     # hold SMs the GEMM wants; stop 26: +2.7 us at 32, +9.8 at 128)
     "pdl_rows_max": 64,
+    # above pdl_rows_max: the top-K's later kernels (select, merge, tree) still
+    # launched with PDL, without the early trigger (issue 36: one compiled
+    # kernel per budget instead of two; the kernel before them never triggers
+    # early, so they start as it ends).  H200 (bench/results-startup-h200.txt):
+    # head graph at bs 128 within -0.2..+0.4 % at budgets 4 / 8 / 16 / 64,
+    # +1.4 % (463 -> 470 us) at budget 32.  False = plain launches there (the
+    # previous code; two more kernels per budget to compile)
+    "pdl_late": True,
 }
 
 _COUNTERS = {}
@@ -600,7 +629,7 @@ def topk_logsumexp(x: torch.Tensor, K: int, cfg=None, _stages=3, _bufs=None, _tr
 
 
 def topk_rows(x2: torch.Tensor, rows: int, K: int, lp: torch.Tensor, ids: torch.Tensor, *, cfg=None,
-              rowmap=(1, 1, 0), raw=None, nreq=None, pdl=False, _stages=3, _bufs=None, _tree=None):
+              rowmap=(1, 1, 0), raw=None, nreq=None, pdl=False, early=None, _stages=3, _bufs=None, _tree=None):
     """Top-K (+ logsumexp) of ``rows`` logits rows into ``lp`` / ``ids`` (``[rows, K]``,
     contiguous; float32 / int64, or int32 ids with ``raw``).
 
@@ -611,13 +640,21 @@ def topk_rows(x2: torch.Tensor, rows: int, K: int, lp: torch.Tensor, ids: torch.
     top values (not log-probabilities), ``ids + id_off`` and each row's
     logsumexp (one vocabulary shard of a tensor-parallel head).  ``nreq``:
     requests (rows // L) for the fused tree's counters.  ``pdl``: launch with
-    programmatic dependent launch (:func:`_pdl_start`; CUDA, sm_90+)."""
+    programmatic dependent launch (:func:`_pdl_start`; CUDA, sm_90+); ``early``
+    (default ``pdl``): each kernel lets the next launch at its start, and the
+    first kernel is launched with PDL at all (after a cuBLAS GEMM, which
+    triggers its dependents early, an early-launched kernel would hold SMs the
+    GEMM wants); without it the later kernels are still launched with PDL
+    (the same compiled kernels) but start only as the kernel before ends."""
     V = int(x2.shape[1])
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     if cfg is None:
         cfg = regime_config(rows, V)
     RL, RB, RO = (int(v) for v in rowmap)
+    early = bool(pdl if early is None else early) and bool(pdl)
+    first = _pdl_args(early)  # the first kernel: PDL only when triggered early
+    rest = _pdl_args(pdl, early)
     KP = max(2, _next_pow2(K))
     if x2.dtype == torch.bfloat16:
         pack64, bits = False, 16
@@ -656,7 +693,7 @@ def topk_rows(x2: torch.Tensor, rows: int, K: int, lp: torch.Tensor, ids: torch.
         if _stages & 1:
             _groupmax_kernel[(rows, NCHUNK)](
                 x2, x2.stride(0), V, NCHUNK, NGP, RL, RB, RO, gms, ms, ss,
-                CHUNK=CHUNK, S=S, EVEN=(V % CHUNK == 0), LOAD2D=bool(cfg.get("load2d")), **_pdl_args(pdl),
+                CHUNK=CHUNK, S=S, EVEN=(V % CHUNK == 0), LOAD2D=bool(cfg.get("load2d")), **first,
                 num_warps=nw1,
             )
         n2 = max(NGP, KP * S)
@@ -665,7 +702,7 @@ def topk_rows(x2: torch.Tensor, rows: int, K: int, lp: torch.Tensor, ids: torch.
             _group_select_kernel[(rows,)](
                 x2, x2.stride(0), V, NCHUNK, NG, RL, RB, RO, gms, ms, ss, lp, ids, K, scr, lse_out, id_off,
                 NCP=NCP, NGP=NGP, S=S, KP=KP, GPACK64=gpack64, GBITS=gbits,
-                EPACK32=epack32, EBITS=bits, R=R, ECAP=ecap, RAW=RAW, **_pdl_args(pdl), num_warps=nw2,
+                EPACK32=epack32, EBITS=bits, R=R, ECAP=ecap, RAW=RAW, **rest, num_warps=nw2,
             )
         return lp, ids
     fuse = bool(cfg.get("fuse"))
@@ -698,7 +735,7 @@ def topk_rows(x2: torch.Tensor, rows: int, K: int, lp: torch.Tensor, ids: torch.
             x2, x2.stride(0), V, NCHUNK, RL, RB, RO, vals, idxs, ms, ss,
             cnt, lp, ids, K, lse_out, id_off, rcnt, *tree_ptrs,
             CHUNK=CHUNK, G=G, S=S, KP=KP, PACK64=pack64, BITS=bits,
-            FUSE=fuse, NCP=NCP, MPACK32=mpack32, MBITS=mbits, **tree_consts, RAW=RAW, **_pdl_args(pdl),
+            FUSE=fuse, NCP=NCP, MPACK32=mpack32, MBITS=mbits, **tree_consts, RAW=RAW, **first,
             num_warps=nw1,
         )
     if fuse:
@@ -708,7 +745,7 @@ def topk_rows(x2: torch.Tensor, rows: int, K: int, lp: torch.Tensor, ids: torch.
     if _stages & 2:
         _topk_merge_kernel[(rows,)](
             vals, idxs, ms, ss, lp, ids, NCHUNK, K, lse_out, id_off,
-            NCP=NCP, KP=KP, MPACK32=mpack32, MBITS=mbits, RAW=RAW, **_pdl_args(pdl), num_warps=nw2,
+            NCP=NCP, KP=KP, MPACK32=mpack32, MBITS=mbits, RAW=RAW, **rest, num_warps=nw2,
         )
     return lp, ids
 
@@ -742,16 +779,16 @@ def build_trees_triton(x: torch.Tensor, budget: int, root_tokens=None, cfg=None)
     return _launch_tree(top_lp, top_id, tr), None
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_NOSPEC_TREE, do_not_specialize_on_alignment=_NOALIGN_TREE)
 def _tree_kernel(
     lp_ptr, id_ptr, root_ptr,
     sc_ptr, ps_ptr, rk_ptr, pos_ptr,
     tok_ptr, par_ptr, dep_ptr, val_ptr, vis_ptr,
     HAS_ROOT: tl.constexpr, L: tl.constexpr, K: tl.constexpr, B: tl.constexpr,
     LP: tl.constexpr, BP: tl.constexpr, KP: tl.constexpr, NP: tl.constexpr,
-    CP: tl.constexpr, EPS: tl.constexpr, GATHER: tl.constexpr, RS: tl.constexpr, PDL: tl.constexpr,
+    CP: tl.constexpr, EPS: tl.constexpr, GATHER: tl.constexpr, RS, PDL: tl.constexpr, EARLY,
 ):
-    _pdl_start(PDL)
+    _pdl_start(PDL, EARLY)
     _tree_body(tl.program_id(0), lp_ptr, id_ptr, root_ptr, sc_ptr, ps_ptr, rk_ptr, pos_ptr,
                tok_ptr, par_ptr, dep_ptr, val_ptr, vis_ptr,
                HAS_ROOT, L, K, B, LP, BP, KP, NP, CP, EPS, GATHER, RS)
@@ -764,7 +801,7 @@ def _tree_body(
     tok_ptr, par_ptr, dep_ptr, val_ptr, vis_ptr,
     HAS_ROOT: tl.constexpr, L: tl.constexpr, K: tl.constexpr, B: tl.constexpr,
     LP: tl.constexpr, BP: tl.constexpr, KP: tl.constexpr, NP: tl.constexpr,
-    CP: tl.constexpr, EPS: tl.constexpr, GATHER: tl.constexpr, RS: tl.constexpr,
+    CP: tl.constexpr, EPS: tl.constexpr, GATHER: tl.constexpr, RS,
 ):
     # One request's tree (root token at root_ptr + b * RS).  lp / id are read
     # with .cg (L2, not L1): in the fused
@@ -936,13 +973,13 @@ def _num_candidates(B: int, K: int) -> int:
     return sum(min(K, B // (i + 1)) for i in range(B))
 
 
-def _launch_tree(top_lp, top_id, tr: "_TreeLaunch", num_warps=None, pdl=False) -> DDTrees:
+def _launch_tree(top_lp, top_id, tr: "_TreeLaunch", num_warps=None, pdl=False, early=None) -> DDTrees:
     bs = top_lp.shape[0]
     nw = num_warps or CONFIG["tree_warps"] or (4 if tr.CP <= 256 and tr.NP <= 64 else 8)
     _tree_kernel[(bs,)](
         top_lp.contiguous(), top_id.contiguous(), *tr.ptrs(),
         HAS_ROOT=tr.has_root, L=tr.L, K=tr.K, B=tr.B, LP=tr.LP, BP=tr.BP, KP=tr.KP, NP=tr.NP, CP=tr.CP,
-        EPS=DEPTH_EPS, GATHER=tr.gather, RS=tr.rstride, **_pdl_args(pdl), num_warps=nw,
+        EPS=DEPTH_EPS, GATHER=tr.gather, RS=tr.rstride, **_pdl_args(pdl, early), num_warps=nw,
     )
     return tr.trees()
 
@@ -959,7 +996,7 @@ def build_trees_from_top_triton(top_lp, top_id, budget, root_tokens=None, num_wa
 # ---------------------------------------------------------------------------
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R0"])
 def _gather_rows_kernel(src_ptr, dst_ptr, H, R0, L: tl.constexpr, BLK: tl.constexpr, BH: tl.constexpr):
     r = tl.program_id(0)
     offs = tl.program_id(1) * BH + tl.arange(0, BH)
@@ -989,15 +1026,15 @@ def gather_rows(hid: torch.Tensor, c0: int, c1: int, block: int) -> torch.Tensor
 # ---------------------------------------------------------------------------
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "EARLY"])
 def _head_gemm_kernel(x_ptr, w_ptr, o_ptr, M, sxm, swn, som,
                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NKI: tl.constexpr,
-                      STAGES: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
+                      STAGES: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr, EARLY):
     # logits[:M, tile] = x[:M] @ W[tile].T: the whole of M in one tile, one
     # pass over K with fp32 accumulation (no split: bound by reading W, and
     # deterministic).  UPCAST: fp32 operands (the CPU interpreter, whose
     # 16-bit dot is wrong; bf16 products are exact in fp32).
-    _pdl_start(PDL)
+    _pdl_start(PDL, EARLY)
     rn = tl.program_id(0) * BN + tl.arange(0, BN)
     rm = tl.arange(0, BM)
     xm = rm < M
@@ -1105,19 +1142,19 @@ def _merge_shards_rows(g_ptr, gi_ptr, row0, NROW: tl.constexpr, ROWS, TP, K, lp_
     tl.store(id_ptr + o, tid.to(tl.int64), mask=km)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["ROWS"])
 def _merge_shards_kernel(g_ptr, gi_ptr, ROWS, TP, K, lp_ptr, id_ptr, KP: tl.constexpr, TPP: tl.constexpr):
     _merge_shards_rows(g_ptr, gi_ptr, tl.program_id(0), 1, ROWS, TP, K, lp_ptr, id_ptr, KP, TPP, 1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["ROWS", "RS"], do_not_specialize_on_alignment=_NOALIGN_TREE)
 def _merge_shards_tree_kernel(
     g_ptr, gi_ptr, ROWS, TP, lp_ptr, id_ptr, root_ptr,
     sc_ptr, ps_ptr, rk_ptr, pos_ptr, tok_ptr, par_ptr, dep_ptr, val_ptr, vis_ptr,
     MKP: tl.constexpr, TPP: tl.constexpr, MERGE2D: tl.constexpr, MRP: tl.constexpr,
     HAS_ROOT: tl.constexpr, L: tl.constexpr, K: tl.constexpr, B: tl.constexpr,
     LP: tl.constexpr, BP: tl.constexpr, KP: tl.constexpr, NP: tl.constexpr,
-    CP: tl.constexpr, EPS: tl.constexpr, GATHER: tl.constexpr, RS: tl.constexpr,
+    CP: tl.constexpr, EPS: tl.constexpr, GATHER: tl.constexpr, RS,
 ):
     # one program per request: merge its L rows, then build its tree (what
     # the program wrote is visible to it after the barrier; read with .cg)

@@ -288,7 +288,7 @@ def make_worker_class():
                 for i, band in enumerate(sched.bands):
                     bs_i = [b for b in (sched.cuda_graph_bs_for_band(i) or []) if b in graph_bs]
                     if band.budget > 0 and bs_i:
-                        self._ddtree_get_head(max(bs_i), budget=band.budget)
+                        self._ddtree_precompile(self._ddtree_get_head(max(bs_i), budget=band.budget), bs_i)
                 self._ddtree_head_in_graph = True
                 self._ddtree_banded_head = BandedDraftHead(sched, self._ddtree_heads, self.ddtree_block_size)
                 if self._ddtree_tp_rank0():
@@ -299,6 +299,7 @@ def make_worker_class():
                     )
                 return self._ddtree_banded_head
             head = self._ddtree_get_head(max_bs)
+            self._ddtree_precompile(head, graph_bs)
             self._ddtree_head_in_graph = True
             if self._ddtree_tp_rank0():
                 logger.info(
@@ -502,6 +503,30 @@ def make_worker_class():
             if hidden is None:
                 raise RuntimeError("DDTREE: the DFlash draft forward returned no hidden states.")
             return hidden[: bs * blk].view(bs, blk, -1), bool(getattr(out, "can_run_graph", False))
+
+        def _ddtree_precompile(self, head, batch_sizes):
+            """At the head's first call (inside the draft graph's capture): every
+            kernel the captured ``batch_sizes`` need, from the Triton cache
+            (TRITON_CACHE_DIR, filled ahead by ``python -m sglang_ddtree.aot``)
+            or compiled then; TP0 prints ``DDTREE Triton compile: ...`` per budget
+            that compiled anything (aot.prepare_head).  A failure only logs: the
+            kernels then compile at their first launch, as before.
+            SGLANG_DDTREE_PRECOMPILE=0 turns it off."""
+            if os.environ.get("SGLANG_DDTREE_PRECOMPILE", "1") == "0" or not getattr(head, "use_triton", False):
+                return
+            bs = sorted(set(int(b) for b in batch_sizes))
+            announce = self._ddtree_tp_rank0()
+
+            def hook():
+                from .aot import prepare_head
+
+                try:
+                    prepare_head(head, bs, announce=announce, log=logger.info)
+                except Exception as e:  # noqa: BLE001 -- the start goes on; the JIT compiles at launch
+                    logger.warning("DDTREE Triton pre-compile of budget %d failed (%s: %s); the kernels compile "
+                                   "at their first launch.", head.budget, type(e).__name__, e)
+
+            head.before_first_call = hook
 
         def _ddtree_tp_rank0(self) -> bool:
             return int(getattr(self, "_target_tp_rank", 0) or 0) == 0
