@@ -82,6 +82,29 @@ def test_a_filled_triton_cache_removes_the_compile_phase(tmp_path):
     assert phases[0].phase("draft_capture width 8").seconds == phases[1].phase("draft_capture width 8").seconds
 
 
+def test_a_cold_start_leaves_its_kernels_in_the_cache_for_the_next_start(tmp_path):
+    cache = tmp_path / "triton"
+    cache.mkdir()
+    env = {"TRITON_CACHE_DIR": str(cache)}
+    with Emu(tmp_path / "first", DDTREE16, env=env) as first:
+        first.wait_ready()
+    with Emu(tmp_path / "second", DDTREE16, env=env) as second:
+        second.wait_ready()
+    assert [l for l in first.lines if "DDTREE Triton compile: budget=16" in l]
+    assert not [l for l in second.lines if "DDTREE Triton compile:" in l]
+    doc = json.loads((cache / emu_startup.MANIFEST_NAME).read_text())
+    assert doc["specialisations"] == [{"budget": 16, "block": 8, "vocab_shard": 20480, "arch": "sm_120"}]
+    assert doc["capture_bs"] == list(range(1, 9)) + [10, 12, 14, 16] and doc["hidden"] == 7168 and doc["tp"] == 8
+    # a manifest filled for other shapes is not claimed by a start that compiled for these
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / emu_startup.MANIFEST_NAME).write_text(json.dumps({"format": 1, "specialisations": [],
+                                                               "capture_bs": [1], "hidden": 7168, "tp": 8}))
+    with Emu(tmp_path / "third", DDTREE16, env={"TRITON_CACHE_DIR": str(other)}) as third:
+        third.wait_ready()
+    assert json.loads((other / emu_startup.MANIFEST_NAME).read_text())["specialisations"] == []
+
+
 def test_skip_server_warmup_and_a_bad_scale(tmp_path):
     with Emu(tmp_path / "skip", AR + ["--skip-server-warmup"]) as emu:
         emu.wait_ready()
@@ -183,7 +206,10 @@ def test_sigterm_drains_like_0_5_23(tmp_path):
 
         t = threading.Thread(target=long)
         t.start()
-        time.sleep(0.2)
+        deadline = time.monotonic() + 10   # SIGTERM once the long request runs (a busy machine admits late)
+        while json.loads(emu.get("/v1/loads")[1])["loads"][0]["num_running_reqs"] < 1:
+            assert time.monotonic() < deadline, "the long request never started"
+            time.sleep(0.05)
         emu.proc.send_signal(signal.SIGTERM)
         assert emu.wait_line(r"SIGTERM received\. signum=None frame=None\. Draining requests and shutting down\.\.\.", 5)
         assert emu.wait_line(r"Gracefully exiting\.\.\. Remaining number of requests 1\. ", 5)

@@ -84,14 +84,17 @@ def _server_args_repr(args) -> str:
     return "ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in sorted(vars(args).items())) + ")"
 
 
-def _compile(st, rank: str, phase) -> None:
-    """The DDTree runtime's Triton compile, one line per specialisation it had to compile (TP0)."""
+def _compile(st, rank: str, phase, *, capture_bs: list[int], hidden: int, tp: int) -> None:
+    """The DDTree runtime's Triton compile, one line per specialisation it had to compile (TP0);
+    the kernels are then in the cache, as after a real start (startup.record_compiled)."""
     from sglang.lab.runtime_msgs import DDTREE_COMPILE
 
     for spec, secs in st.compiles:
         phase(secs)
         log(DDTREE_COMPILE.format(**spec.as_dict(), elapsed=secs,
                                   cache=st.compile_cache or "~/.triton/cache"), rank)
+    startup.record_compiled(st.compile_cache, [spec for spec, _ in st.compiles], capture_bs=capture_bs,
+                            hidden=hidden, tp=tp)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -182,6 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     drafts = algo in ("DFLASH", "DDTREE") and bool(drafted_bs) and not graphs_off
     budgets = ([b for _, b in schedule.bands] if schedule is not None else [int(width) - 1]) if algo == "DDTREE" else []
     vocab = int(model_cfg.get("vocab_size") or model_cfg.get("text_config", {}).get("vocab_size") or 163840)
+    hidden = int(model_cfg.get("hidden_size") or model_cfg.get("text_config", {}).get("hidden_size") or 7168)
     try:
         st = startup.plan(groups=[] if graphs_off else groups, drafted_bs=drafted_bs if drafts else [],
                           budgets=budgets, block=block_size, vocab_shard=vocab // max(tp, 1),
@@ -256,7 +260,7 @@ def main(argv: list[str] | None = None) -> None:
             for r in ranks:
                 log(f"Capture draft decode CUDA graph begin. backend={backend}, num_tokens_per_req={block_size}, "
                     f"avail mem={avail:.2f} GB", r)
-            _compile(st, ranks[0], phase)
+            _compile(st, ranks[0], phase, capture_bs=capture_bs, hidden=hidden, tp=max(tp, 1))
             phase(st.draft_capture_s)
             compile_s = sum(s for _, s in st.compiles)
             for i, r in enumerate(ranks):
@@ -265,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
                     f"avail mem={avail - 0.12:.2f} GB.", r)
             avail -= 0.12
     if st.compiles and not drafts:  # no draft graph to capture: the runtime compiles at its first call
-        _compile(st, ranks[0], phase)
+        _compile(st, ranks[0], phase, capture_bs=capture_bs, hidden=hidden, tp=max(tp, 1))
     max_running = args.max_running_requests or 256
     log(f"max_total_num_tokens={MAX_TOTAL_TOKENS}, chunked_prefill_size={args.chunked_prefill_size or 8192}, "
         f"max_prefill_tokens={args.max_prefill_tokens or 16384}, max_running_requests={max_running}, "

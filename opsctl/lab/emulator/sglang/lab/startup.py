@@ -138,6 +138,44 @@ def cached_specialisations() -> tuple[str | None, set[Specialisation]]:
         return d, set()
 
 
+def record_compiled(cache: str | None, compiled: list[Specialisation], *, capture_bs: list[int], hidden: int,
+                    tp: int) -> None:
+    """After a start compiled `compiled`, the real Triton cache holds those kernels and a later start
+    of the same runtime hits them (no compile line). The emulator has no kernels: the manifest is
+    where it remembers them, so they go in only when the manifest was made for the same shapes and
+    a capture list that covers this start's. (The real runtime does not write the manifest at
+    start; opsctl's stage then runs the AOT fill, which finds every kernel a cache hit.)
+    Best effort: a read-only cache stays cold."""
+    if not cache or not compiled:
+        return
+    path = Path(cache, MANIFEST_NAME)
+    try:
+        doc = json.loads(path.read_text())
+        if not isinstance(doc, dict) or doc.get("format") != 1:
+            doc = {}
+    except (OSError, ValueError):
+        doc = {}
+    bs = sorted(set(int(b) for b in capture_bs))
+    if doc:
+        if (doc.get("hidden"), doc.get("tp")) != (hidden, tp) or not set(bs) <= set(doc.get("capture_bs") or []):
+            return
+    else:
+        doc = {"format": 1, "specialisations": [], "capture_bs": bs, "hidden": hidden, "tp": tp, "dtype": "bf16",
+               "filled_by": "start"}
+    listed = list(doc.get("specialisations") or [])
+    for spec in compiled:
+        if spec.as_dict() not in listed:
+            listed.append(spec.as_dict())
+    doc["specialisations"] = listed
+    tmp = path.with_name(f".{MANIFEST_NAME}.{os.getpid()}.tmp")
+    try:
+        Path(cache).mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
 @dataclass
 class Plan:
     """What this start costs, phase by phase, in modelled (site) seconds."""
