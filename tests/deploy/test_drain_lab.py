@@ -24,87 +24,13 @@ import pytest
 import yaml
 
 from labtools import Ops
+from opsctl.lab import stream
 
 REPO = Path(__file__).resolve().parents[2]
 ROOT = "/opt/opsctl"
 FAST = ("--yes", "--no-gate", "--skip-checks")
-UNIT = "opsctl-lab-stream"
-RESULT = "/run/opsctl-lab/stream.json"
 
 pytestmark = pytest.mark.lab
-
-# long requests, a fixed number of workers; a worker stops sending once /health is not 200 (the
-# balancer took the host out) and records every request: its status and the tokens it got
-STREAM_PY = r'''
-import json, os, sys, threading, time, urllib.error, urllib.request
-a = json.loads(sys.argv[1])
-lock = threading.Lock()
-reqs = []
-stop = [False]
-
-def healthy():
-    try:
-        with urllib.request.urlopen(a["url"] + "/health", timeout=5) as r:
-            return r.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-def worker(i):
-    end = time.monotonic() + a["duration_s"]
-    while time.monotonic() < end and not stop[0]:
-        if a.get("stop_file") and os.path.exists(a["stop_file"]):
-            stop[0] = True          # the balancer's out hook took the host out: no new request
-            return
-        if not healthy():
-            stop[0] = True          # the balancer takes the host out: no new request
-            return
-        t0 = time.time()
-        rec = {"worker": i, "start": t0, "want": a["tokens"]}
-        body = json.dumps({"text": "please explain the history of the river city",
-                           "sampling_params": {"max_new_tokens": a["tokens"], "temperature": 0,
-                                               "ignore_eos": True}}).encode()
-        try:
-            req = urllib.request.Request(a["url"] + "/generate", data=body,
-                                         headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=300) as resp:
-                meta = json.loads(resp.read())["meta_info"]
-            rec.update(ok=True, got=meta.get("completion_tokens"),
-                       finish=(meta.get("finish_reason") or {}).get("type"))
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            rec.update(ok=False, got=None, error=str(exc)[:200])
-        rec["end"] = time.time()
-        with lock:
-            reqs.append(rec)
-            open(a["result"], "w").write(json.dumps(reqs))
-
-ts = [threading.Thread(target=worker, args=(i,)) for i in range(a["workers"])]
-for t in ts:
-    t.start()
-for t in ts:
-    t.join()
-open(a["result"], "w").write(json.dumps(reqs))
-'''
-
-
-def start_stream(lab, *, workers: int = 3, tokens: int = 900, duration_s: float = 45, stop_file: str = "") -> None:
-    args = {"url": "http://127.0.0.1:30000", "workers": workers, "tokens": tokens, "duration_s": duration_s,
-            "result": RESULT, "stop_file": stop_file}
-    lab.run("mkdir -p /run/opsctl-lab && cat > /run/opsctl-lab/stream.py", stdin=STREAM_PY, check=True, timeout=15)
-    lab.run(f"systemctl stop {UNIT} 2>/dev/null; systemctl reset-failed {UNIT} 2>/dev/null; rm -f {RESULT}; "
-            f"systemd-run --quiet --unit {UNIT} -p RuntimeMaxSec={int(duration_s) + 120} /usr/bin/python3 "
-            f"/run/opsctl-lab/stream.py '{json.dumps(args)}'", check=True, timeout=20)
-
-
-def stream_result(lab, timeout: float = 120) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if lab.run(f"systemctl is-active {UNIT}", check=False).stdout.strip() != "active":
-            break
-        time.sleep(0.5)
-    out = lab.run(f"cat {RESULT} 2>/dev/null", check=False).stdout.strip()
-    lab.run(f"systemctl stop {UNIT} 2>/dev/null; systemctl reset-failed {UNIT} 2>/dev/null; true", check=False)
-    return json.loads(out) if out else []
-
 
 def _get(lab, path: str) -> str:
     """`STATUS BODY` of GET PATH on the guest's server (the guest's python3; no curl needed)."""
@@ -161,7 +87,7 @@ def served(baselined, lab_host):
     """The judged ar-tp8 baseline live (restored after the test)."""
     baselined.restore(lab_host)
     yield baselined
-    lab_host.run(f"systemctl stop {UNIT} 2>/dev/null; true", check=False)
+    lab_host.run(f"systemctl stop {stream.UNIT} 2>/dev/null; true", check=False)
     baselined.restore(lab_host)
 
 
@@ -174,7 +100,7 @@ def test_a_deploy_drains_a_stream_of_long_requests_without_aborting_one(served, 
     lab_host.run(f"rm -f {stop_file}")
     inv = drain_inventory(served.inventory_dir, tmp_path / "inv", deadline_s=60, poll_s=0.2,
                           hooks={"out": {"command": shlex.join(lab_host.ssh_argv(f"touch {stop_file}"))}})
-    start_stream(lab_host, workers=3, tokens=900, stop_file=stop_file)   # ~5 s each
+    stream.start(lab_host.run, workers=3, tokens=900, stop_file=stop_file)   # ~5 s each
     assert_within = time.monotonic() + 10
     while running(lab_host) < 3 and time.monotonic() < assert_within:
         time.sleep(0.1)
@@ -194,7 +120,7 @@ def test_a_deploy_drains_a_stream_of_long_requests_without_aborting_one(served, 
     done.set()
     t.join(5)
     assert rc == 0, err
-    reqs = stream_result(lab_host)
+    reqs = stream.stream_result(lab_host.run)
     assert reqs, "the stream sent nothing"
     assert all(r["ok"] and r["got"] == r["want"] for r in reqs), reqs   # each finished with its full length
     assert not [c for c in codes if c not in (200, 503, 0)]              # (503 itself: the deadline test)
@@ -211,7 +137,7 @@ def test_a_deploy_drains_a_stream_of_long_requests_without_aborting_one(served, 
 
 def test_a_deadline_shorter_than_the_requests_records_exactly_the_aborted_count(served, lab_host, tmp_path):
     inv = drain_inventory(served.inventory_dir, tmp_path / "inv", deadline_s=1, poll_s=0.1)
-    start_stream(lab_host, workers=3, tokens=3000)            # ~17 s each: outlast the 1-s deadline
+    stream.start(lab_host.run, workers=3, tokens=3000)            # ~17 s each: outlast the 1-s deadline
     end = time.monotonic() + 10
     while running(lab_host) < 3 and time.monotonic() < end:
         time.sleep(0.1)
@@ -230,7 +156,7 @@ def test_a_deadline_shorter_than_the_requests_records_exactly_the_aborted_count(
     t.join(5)
     assert rc == 0, err
     assert 503 in codes                                       # the host answered 503 while it drained
-    reqs = stream_result(lab_host)
+    reqs = stream.stream_result(lab_host.run)
     cut = [r for r in reqs if not r["ok"] or r["got"] != r["want"]]
     sw = [r for r in ledger(lab_host) if r.get("action") == "switch" and r.get("why") == "deploy"][-1]
     assert sw["deadline_hit"] and sw["aborted"] == len(cut) == 3, (sw, reqs)
@@ -257,7 +183,7 @@ def test_ctrl_c_during_the_drain_puts_the_host_back_in_the_pool(served, lab_host
     marks = tmp_path / "pool.log"
     inv = drain_inventory(served.inventory_dir, tmp_path / "inv", deadline_s=60, poll_s=0.2,
                           hooks={"out": {"command": f"echo out >> {marks}"}, "in": {"command": f"echo in >> {marks}"}})
-    start_stream(lab_host, workers=2, tokens=3000)            # the drain waits for them (~17 s)
+    stream.start(lab_host.run, workers=2, tokens=3000)            # the drain waits for them (~17 s)
     end = time.monotonic() + 10
     while running(lab_host) < 1 and time.monotonic() < end:
         time.sleep(0.1)
@@ -275,5 +201,5 @@ def test_ctrl_c_during_the_drain_puts_the_host_back_in_the_pool(served, lab_host
     assert marks.read_text().split() == ["out", "in"]          # back in the pool
     assert "nothing live changed" in err or "nothing switched" in err
     assert live(lab_host) == before_live and health_code(lab_host) == 200
-    reqs = stream_result(lab_host, timeout=60)
+    reqs = stream.stream_result(lab_host.run, timeout=60)
     assert all(r["ok"] and r["got"] == r["want"] for r in reqs), reqs

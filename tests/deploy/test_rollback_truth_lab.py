@@ -551,7 +551,7 @@ def test_a_deleted_ledger_is_reported_by_status_and_rollback(truth_lab):
         # named (without the ledger, "baseline" would mean the newest ar-tp8 release on disk)
         p = opsctl("rollback", "--to", truth_lab.baseline, inv=truth_lab.inv)
         assert p.returncode == 0, p.stderr
-        assert [r["action"] for r in ledger(truth_lab)] == ["rollback"]   # a new ledger starts
+        assert [r["action"] for r in ledger(truth_lab)] == ["switch", "rollback"]   # a new ledger starts (the switch's gap, then the rollback)
     finally:
         truth_lab.run(f"cat {ROOT}/ledger.jsonl >> /root/ledger.jsonl.keep 2>/dev/null; "
                       f"mv /root/ledger.jsonl.keep {ROOT}/ledger.jsonl")
