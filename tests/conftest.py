@@ -14,9 +14,9 @@
 - `lab_fleet` (module scope, on top of `lab_host`): three lab hosts (`lab.up(hosts=3)`),
   a list of LabHost handles for lab1..lab3 (inventory inventories/lab-fleet); after the
   module it halts lab2 and lab3 (`lab.down(nodes=[2, 3])`) and checks lab1 still answers.
-- In parallel (pytest-xdist, `-n N`, N <= 3, as scripts/test runs the lab tier with 3): each worker
-  owns one lab host (gw0 -> node 1, gw1 -> node 2, gw2 -> node 3), with an inventory that says "lab"
-  at that node's address; a fleet module takes its worker's host plus the two spare nodes (4, 5). The
+- In parallel (pytest-xdist, `-n N`, N <= 4, as scripts/test runs the lab tier with 4): each worker
+  owns one lab host (gw0 -> node 1, gw1 -> node 2, ...), with an inventory that says "lab"
+  at that node's address; a fleet module takes its worker's host plus the two spare nodes (5, 6). The
   controller process holds the session lock for the whole run and takes the lab down at the
   end (workers end at different times); the lab's own lock serialises the workers' boots.
   Tests that take the whole lab up or down (tests/lab) are marked `lab_whole` and run alone.

@@ -17,7 +17,7 @@ SESSION_LOCK = Path("/run/opsctl-lab.session.lock")  # held by whoever uses the 
 HOLDER_FILE = STATE_DIR / "holder.json"  # who brought the lab up (opsctl/lab/holder.py)
 
 PREFIX = 30
-MAX_NODES = 5   # the lab runs at most this many hosts on this machine (2 cores, 24 GiB; ~150 MiB each)
+MAX_NODES = 6   # the lab runs at most this many hosts on this machine (2 cores, 24 GiB; ~150 MiB each): 4 test workers + 2 for a fleet
 
 
 @dataclass(frozen=True)

@@ -137,7 +137,7 @@ def test_a_deploy_drains_a_stream_of_long_requests_without_aborting_one(served, 
 
 def test_a_deadline_shorter_than_the_requests_records_exactly_the_aborted_count(served, lab_host, tmp_path):
     inv = drain_inventory(served.inventory_dir, tmp_path / "inv", deadline_s=1, poll_s=0.1)
-    stream.start(lab_host.run, workers=3, tokens=3000)            # ~17 s each: outlast the 1-s deadline
+    stream.start(lab_host.run, workers=3, tokens=1500)            # ~8 s each: outlast the 1-s deadline
     end = time.monotonic() + 10
     while running(lab_host) < 3 and time.monotonic() < end:
         time.sleep(0.1)
@@ -183,7 +183,9 @@ def test_ctrl_c_during_the_drain_puts_the_host_back_in_the_pool(served, lab_host
     marks = tmp_path / "pool.log"
     inv = drain_inventory(served.inventory_dir, tmp_path / "inv", deadline_s=60, poll_s=0.2,
                           hooks={"out": {"command": f"echo out >> {marks}"}, "in": {"command": f"echo in >> {marks}"}})
-    stream.start(lab_host.run, workers=2, tokens=3000)            # the drain waits for them (~17 s)
+    stop_file = "/run/opsctl-lab/stream.stop"
+    lab_host.run(f"rm -f {stop_file}")
+    stream.start(lab_host.run, workers=2, tokens=1500, stop_file=stop_file)   # the drain waits for them (~8 s)
     end = time.monotonic() + 10
     while running(lab_host) < 1 and time.monotonic() < end:
         time.sleep(0.1)
@@ -201,5 +203,6 @@ def test_ctrl_c_during_the_drain_puts_the_host_back_in_the_pool(served, lab_host
     assert marks.read_text().split() == ["out", "in"]          # back in the pool
     assert "nothing live changed" in err or "nothing switched" in err
     assert live(lab_host) == before_live and health_code(lab_host) == 200
+    lab_host.run(f"touch {stop_file}")                          # the stream ends with its requests in flight
     reqs = stream.stream_result(lab_host.run, timeout=60)
     assert all(r["ok"] and r["got"] == r["want"] for r in reqs), reqs

@@ -84,8 +84,8 @@ def test_wheel_installs_offline_as_sglang_0_5_23(tmp_path):
 
 
 def test_more_than_5_hosts_is_a_one_line_lab_error():
-    r = run("lab", "up", "--hosts", "6")
-    assert r.returncode == 7 and "the lab runs at most 5 hosts on this machine" in r.stderr, r.stderr
+    r = run("lab", "up", "--hosts", "7")
+    assert r.returncode == 7 and "the lab runs at most 6 hosts on this machine" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
 

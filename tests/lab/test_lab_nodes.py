@@ -54,7 +54,7 @@ def test_resolve_node(given, index):
     assert C.resolve_node(given).index == index
 
 
-@pytest.mark.parametrize("bad", ["lab6", "lab0", "gpuhost", "", 0, 6, "6", True])
+@pytest.mark.parametrize("bad", ["lab7", "lab0", "gpuhost", "", 0, 7, "7", True])
 def test_unknown_host_is_a_config_error_naming_the_valid_names(bad):
     with pytest.raises(ConfigError) as e:
         C.resolve_node(bad)
@@ -63,8 +63,8 @@ def test_unknown_host_is_a_config_error_naming_the_valid_names(bad):
 
 def test_hosts_count_is_checked_before_root():
     assert host.check_hosts(1) == 1 and host.check_hosts(4) == 4
-    with pytest.raises(LabError, match="the lab runs at most 5 hosts on this machine"):
-        host.up(hosts=6)
+    with pytest.raises(LabError, match="the lab runs at most 6 hosts on this machine"):
+        host.up(hosts=7)
     with pytest.raises(LabError):
         host.check_hosts(0)
 
