@@ -17,6 +17,7 @@ from typing import Any
 
 from opsctl.config import DRAIN_DEADLINE_DEFAULT_S, DRAIN_DEADLINE_MAX_S, DrainHook, DrainSettings, HostConfig
 from opsctl.errors import HostError
+from opsctl.startup import human_s  # noqa: F401 (one wording of seconds; tune imports it from here)
 
 LOADS_PATH = "/v1/loads"
 LAB_TIME_SCALE_FILE = "/etc/opsctl-lab/time_scale"   # the emulator's, in the lab's guest
@@ -145,7 +146,8 @@ class Gap:
     deadline_hit: bool = False
     result: str = "ok"
     time_scale: float | None = None  # the lab's (its emulator's journal line): site = lab x scale
-    startup: dict = field(default_factory=dict)   # the start's phases at the site's scale (opsctl.startup)
+    startup: dict = field(default_factory=dict)   # the start's phases at the site's scale, and the comparison
+                                                  # with the last start of its profile (Startup.as_record)
 
     @staticmethod
     def now() -> float:
@@ -192,18 +194,6 @@ class Gap:
         if self.startup:
             rec["startup"] = self.startup
         return rec
-
-
-def human_s(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    m, s = divmod(int(round(seconds)), 60)
-    if m < 60:
-        return f"{m} min {s} s" if s else f"{m} min"
-    h, m = divmod(m, 60)
-    return f"{h} h {m} min"
 
 
 def describe(rec: dict) -> str:

@@ -36,6 +36,12 @@ def release_id(profile_slug: str, rendered_digest: str, runtime_sha: str | None,
     return f"{profile_slug}-{h.hexdigest()[:10]}"
 
 
+def profile_slug(rid: str) -> str:
+    """The profile slug a release id starts with (`ddtree-b16` of `ddtree-b16-3ca2783571`):
+    what a start of the release is compared under (the same profile and budget)."""
+    return rid.rsplit("-", 1)[0] if "-" in rid else rid
+
+
 def who() -> str:
     try:
         user = getpass.getuser()

@@ -272,8 +272,18 @@ def _table_rows(run: BenchRun, baseline: BenchRun | None, verdict: Verdict | Non
     return head, rows
 
 
+def start_lines(start: dict | None) -> list[str]:
+    """The release's last start (opsctl.startup.last_start): when and why, then the start-up block
+    a deploy prints (every phase at the site's scale, the lab's line, the comparison)."""
+    if not start:
+        return []
+    from opsctl import startup
+
+    return [f"Last start: {start.get('ts') or '?'} ({start.get('why') or '?'})", *startup.describe(start)]
+
+
 def markdown(run: BenchRun, baseline: BenchRun | None = None, verdict: Verdict | None = None,
-             *, plot_name: str | None = None) -> str:
+             *, plot_name: str | None = None, start: dict | None = None) -> str:
     lines = [f"# Bench report: {_label(run, 'release')}", ""]
     if baseline is not None:
         lines += [f"Baseline: {_label(baseline, 'baseline')}", ""]
@@ -302,13 +312,16 @@ def markdown(run: BenchRun, baseline: BenchRun | None = None, verdict: Verdict |
         else:
             lines.append(f"Canary: {len(c.prompts)} prompts" + (", identical to the baseline" if c.compared
                                                                 else ", not compared with a baseline"))
+    sl = start_lines(start)
+    if sl:
+        lines += ["", "## Start-up", "", sl[0], "", *[f"- {x.strip()}" for x in sl[1:]]]
     if plot_name:
         lines += ["", f"![throughput and ITL vs concurrency]({plot_name})"]
     return "\n".join(lines) + "\n"
 
 
 def html(run: BenchRun, baseline: BenchRun | None = None, verdict: Verdict | None = None,
-         *, plot_name: str | None = None) -> str:
+         *, plot_name: str | None = None, start: dict | None = None) -> str:
     e = _html.escape
     title = f"Bench report: {_label(run, 'release')}"
     parts = ["<!doctype html>", "<html><head><meta charset='utf-8'>", f"<title>{e(title)}</title>",
@@ -335,6 +348,10 @@ def html(run: BenchRun, baseline: BenchRun | None = None, verdict: Verdict | Non
         parts.append("<h2>Per workload</h2><table><tr>" + "".join(f"<th>{e(h)}</th>" for h in WORKLOAD_HEAD) + "</tr>")
         parts += ["<tr>" + "".join(f"<td>{e(x)}</td>" for x in r) + "</tr>" for r in wrows]
         parts.append("</table>")
+    sl = start_lines(start)
+    if sl:
+        parts.append(f"<h2>Start-up</h2><p>{e(sl[0])}</p><ul>" + "".join(f"<li>{e(x.strip())}</li>" for x in sl[1:])
+                     + "</ul>")
     if plot_name:
         parts.append(f"<p><img src='{e(plot_name)}' alt='throughput and ITL vs concurrency'></p>")
     parts.append("</body></html>")
@@ -342,14 +359,15 @@ def html(run: BenchRun, baseline: BenchRun | None = None, verdict: Verdict | Non
 
 
 def write_report(run: BenchRun, out_dir: str | Path, baseline: BenchRun | None = None,
-                 verdict: Verdict | None = None, *, name: str = "report") -> dict[str, Path]:
-    """Write `<name>.png`, `<name>.md` and `<name>.html` into out_dir."""
+                 verdict: Verdict | None = None, *, name: str = "report", start: dict | None = None) -> dict[str, Path]:
+    """Write `<name>.png`, `<name>.md` and `<name>.html` into out_dir; `start`: the release's last
+    start (a release's report: its phases under "Start-up")."""
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
     png = plot_png(run, d / f"{name}.png", baseline, verdict=verdict,
                    title=None if verdict is None else f"{_label(run, 'release')}: {verdict.status}")
     md = d / f"{name}.md"
-    md.write_text(markdown(run, baseline, verdict, plot_name=png.name), encoding="utf-8")
+    md.write_text(markdown(run, baseline, verdict, plot_name=png.name, start=start), encoding="utf-8")
     ht = d / f"{name}.html"
-    ht.write_text(html(run, baseline, verdict, plot_name=png.name), encoding="utf-8")
+    ht.write_text(html(run, baseline, verdict, plot_name=png.name, start=start), encoding="utf-8")
     return {"png": png, "markdown": md, "html": ht}

@@ -20,6 +20,10 @@ scale; its `[opsctl-lab] start-up at the site's scale: total=X s, warm-up=Y s (l
 scale N)` line gives the clock-measured figures at the site's scale (its other lines already
 carry modelled seconds), and `time_scale` says so.
 
+What a switch keeps of its start (`Startup.as_record`, the `startup` of the ledger's `switch`
+record), the block a deploy, rollback or tune trial prints after ready (`describe`), the last start
+of a release (`last_start`) and the previous start of a profile (`previous_start`) are here too.
+
 Standard library only (no typer, rich or pydantic at import); `SlowerStart.finding()` builds the
 project's `Finding`.
 """
@@ -62,6 +66,12 @@ class Phase:
             out.update(self.detail)
         return out
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "Phase":
+        known = ("phase", "seconds", "source", "line", "kind", "width", "budget")
+        return cls(str(d.get("phase")), d.get("seconds"), str(d.get("source") or "record"), d.get("line"),
+                   d.get("kind"), d.get("width"), d.get("budget"), {k: v for k, v in d.items() if k not in known})
+
 
 @dataclass(frozen=True)
 class Startup:
@@ -71,6 +81,7 @@ class Startup:
     total_source: str | None     # "clock", "lab" or "sum" (no timestamps: the phases added up)
     time_scale: float | None = None   # the lab emulator's; None for a real server
     lab_s: float | None = None        # the lab's own start-to-ready seconds (emulator only)
+    ddtree: bool = False              # a DDTree server: its runtime compiles (or finds cached) Triton kernels
 
     def phase(self, key: str) -> Phase | None:
         return next((p for p in self.phases if p.key == key), None)
@@ -80,7 +91,22 @@ class Startup:
 
     def as_dict(self) -> dict:
         return {"ready": self.ready, "total_s": self.total_s, "total_source": self.total_source,
-                "time_scale": self.time_scale, "lab_s": self.lab_s, "phases": [p.as_dict() for p in self.phases]}
+                "time_scale": self.time_scale, "lab_s": self.lab_s, "ddtree": self.ddtree,
+                "phases": [p.as_dict() for p in self.phases]}
+
+    def as_record(self, profile: str | None) -> dict:
+        """The `startup` of the switch's ledger record: every phase, and the profile (its slug,
+        `ddtree-b16`, the release id's prefix) that the next start of it is compared with."""
+        return {"profile": profile, **self.as_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Startup":
+        """Back from `as_dict`/`as_record`; also the first switch records' `{"phases": {key: s}}`."""
+        raw = d.get("phases") or []
+        phases = ([Phase(k, v, "record") for k, v in raw.items()] if isinstance(raw, dict)
+                  else [Phase.from_dict(p) for p in raw if isinstance(p, dict)])
+        return cls(phases, bool(d.get("ready", True)), d.get("total_s"), d.get("total_source"),
+                   time_scale=d.get("time_scale"), lab_s=d.get("lab_s"), ddtree=bool(d.get("ddtree")))
 
 
 def _slowest(events: Iterable[tuple[float | None, int]]) -> tuple[float | None, int | None]:
@@ -190,7 +216,8 @@ def parse(source: Any) -> Startup:
     elif total_s is not None and total_s - known > 0.5:
         phases.append(Phase("other", round(total_s - known, 2), "rest"))
     return Startup(phases, ready is not None, total_s, total_src,
-                   time_scale=float(lab["scale"]) if lab else None, lab_s=float(lab["lab"]) if lab else None)
+                   time_scale=float(lab["scale"]) if lab else None, lab_s=float(lab["lab"]) if lab else None,
+                   ddtree=ddtree)
 
 
 # --------------------------------------------------------------------------- comparison
@@ -220,39 +247,214 @@ class SlowerStart:
     phase: str | None                    # the phase that grew the most (seconds)
     deltas: dict[str, float]             # phase -> seconds more (negative: less), every phase of either start
     threshold: float = SLOWER
+    profile: str | None = None           # what both starts were of (`ddtree-b16`)
+    phase_label: str | None = None       # `phase` in words ("weight load")
+    phase_previous_s: float | None = None   # `phase`'s seconds in the previous start (None: it had none)
+    phase_current_s: float | None = None
 
     def as_dict(self) -> dict:
         return {"previous_s": self.previous_s, "current_s": self.current_s, "ratio": self.ratio,
-                "slower": self.slower, "phase": self.phase, "deltas": self.deltas, "threshold": self.threshold}
+                "slower": self.slower, "phase": self.phase, "deltas": self.deltas, "threshold": self.threshold,
+                "profile": self.profile, "phase_label": self.phase_label,
+                "phase_previous_s": self.phase_previous_s, "phase_current_s": self.phase_current_s}
 
     def diagnosis(self) -> str:
+        """`this start took 9 min 40 s, 31 % more than the last start of ddtree-b16 (7 min 22 s);
+        weight load grew most (36.0 s -> 2 min 50 s)`."""
+        of = self.profile or "this profile"
         if self.ratio is None:
-            return "no previous start of this profile to compare with (or a start that never got ready)"
+            return f"no earlier start of {of} to compare with (or a start that never got ready)"
         pct = (self.ratio - 1.0) * 100
-        head = (f"start took {self.current_s:.0f} s, {pct:+.0f} % against the previous start of this profile "
-                f"({self.previous_s:.0f} s)")
+        head = (f"this start took {human_s(self.current_s)}, {abs(pct):.0f} % {'more' if pct >= 0 else 'less'} "
+                f"than the last start of {of} ({human_s(self.previous_s)})")
         if self.phase is None:
             return head
-        d = self.deltas[self.phase]
-        return head + f"; most of the change in {self.phase} ({d:+.0f} s)"
+        before = human_s(self.phase_previous_s) if self.phase_previous_s is not None else "none"
+        return head + f"; {self.phase_label or self.phase} grew most ({before} -> {human_s(self.phase_current_s)})"
 
     def finding(self):
+        """`startup.slower`, a warning: reported and recorded, it fails no gate by itself."""
         from opsctl.findings import Finding   # pydantic: imported only when asked
 
         base = self.phase.split(" ")[0] if self.phase else ""
-        return Finding(check="startup.slower", ok=not self.slower, diagnosis=self.diagnosis(),
+        return Finding(check="startup.slower", ok=not self.slower, severity="warning", diagnosis=self.diagnosis(),
                        fix=_FIX.get(base, "") if self.slower else "", details=self.as_dict())
 
 
-def compare(previous: Startup | None, current: Startup, *, threshold: float = SLOWER) -> SlowerStart:
+def compare(previous: Startup | None, current: Startup, *, threshold: float = SLOWER,
+            profile: str | None = None) -> SlowerStart:
     """`current` against `previous` (the host's previous start of the same profile): slower when its
     total is at least `threshold` (30 %) above; names the phase whose seconds grew the most."""
     if previous is None or not previous.total_s or current.total_s is None:
-        return SlowerStart(previous.total_s if previous else None, current.total_s, None, False, None, {}, threshold)
+        return SlowerStart(previous.total_s if previous else None, current.total_s, None, False, None, {}, threshold,
+                           profile)
     a, b = previous.seconds(), current.seconds()
     deltas = {k: round(b.get(k, 0.0) - a.get(k, 0.0), 2) for k in list(a) + [k for k in b if k not in a]}
     ratio = current.total_s / previous.total_s
     grown = {k: d for k, d in deltas.items() if d > 0}
     phase = max(grown, key=lambda k: grown[k]) if grown else None
+    grew = current.phase(phase) if phase else None
     return SlowerStart(previous.total_s, current.total_s, round(ratio, 4), ratio >= 1.0 + threshold - 1e-9,
-                       phase, deltas, threshold)
+                       phase, deltas, threshold, profile, phase_label(grew) if grew else None,
+                       a.get(phase) if phase else None, b.get(phase) if phase else None)
+
+
+# --------------------------------------------------------------------------- the ledger's starts
+
+
+def _ready_start(rec: dict) -> dict | None:
+    """A switch record's start, when that start got ready and was read (else None)."""
+    st = rec.get("startup")
+    if rec.get("action") != "switch" or rec.get("result") == "not-ready" or not isinstance(st, dict):
+        return None
+    return st if st.get("total_s") else None
+
+
+def previous_start(ledger: list[dict], profile: str) -> dict | None:
+    """The newest switch record of `ledger` whose start (ready, with a total) was of `profile`."""
+    for rec in reversed(ledger):
+        st = _ready_start(rec)
+        if st is not None and st.get("profile") == profile:
+            return rec
+    return None
+
+
+def last_start(ledger: list[dict], release: str | None) -> dict | None:
+    """`release`'s last start that got ready: its phases and total, with when and why it started."""
+    if not release:
+        return None
+    for rec in reversed(ledger):
+        st = _ready_start(rec)
+        if st is not None and rec.get("to_release") == release:
+            return {"release": release, "ts": rec.get("ts"), "why": rec.get("why"), **st}
+    return None
+
+
+def compare_with_ledger(current: Startup, profile: str, ledger: list[dict]) -> tuple[SlowerStart, dict | None]:
+    """`current` against the previous start of `profile` in `ledger` (the switch record read, or None)."""
+    prev = previous_start(ledger, profile)
+    return compare(Startup.from_dict(prev["startup"]) if prev else None, current, profile=profile), prev
+
+
+# --------------------------------------------------------------------------- wording
+
+
+def human_s(seconds: float | None) -> str:
+    """`36.0 s`, `7 min 31 s`, `1 h 5 min`; `?` for None."""
+    if seconds is None:
+        return "?"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    m, s = divmod(int(round(seconds)), 60)
+    if m < 60:
+        return f"{m} min {s} s" if s else f"{m} min"
+    h, m = divmod(m, 60)
+    return f"{h} h {m} min"
+
+
+def _lab_s(seconds: float) -> str:
+    # the lab runs a start hundreds of times faster: its phases take hundredths of a second
+    if seconds < 1:
+        return f"{seconds:.3f} s"
+    return f"{seconds:.2f} s" if seconds < 60 else human_s(seconds)
+
+
+def _bs(p: Phase) -> str:
+    bs = p.detail.get("bs")
+    if not bs:
+        return ""
+    return f" (bs {bs[0]})" if len(bs) == 1 or bs[0] == bs[-1] else f" (bs {bs[0]}-{bs[-1]})"
+
+
+def _kind_of_key(key: str) -> str:
+    """A capture's kind from its key alone (a record that kept only `{key: seconds}`)."""
+    if key.startswith("draft"):
+        return "draft"
+    m = re.match(r"^capture (?P<kind>.+?)(?: width \d+)?$", key)
+    return m["kind"] if m and not m["kind"].startswith("width") else ""
+
+
+def phase_label(p: Phase) -> str:
+    """A phase in words: `weight load`, `target verify graphs b16 (bs 1-64)`, `draft decode graphs
+    (bs 1-64)`, `Triton compile b16`, `warm-up`, `other`."""
+    if p.key == "weight_load":
+        return "weight load"
+    if p.key == "warmup":
+        return "warm-up"
+    if p.key == "other":
+        return "other (process start, NCCL, KV cache)"
+    if p.key.startswith("compile"):
+        return f"Triton compile b{p.budget}" if p.budget is not None else "Triton compile"
+    if p.key.startswith(("capture", "draft_capture")):
+        kind = p.kind or _kind_of_key(p.key)
+        if kind == journal.LEGACY:
+            name = "CUDA graphs"
+        elif kind == "draft":    # (a record without the kind)
+            name = "draft graphs"
+        else:
+            name = f"{kind} graphs" if kind else "CUDA graphs"
+        width = p.width
+        if width is None:   # (a record without the width: the key has it)
+            m = re.search(r" width (\d+)$", p.key)
+            width = int(m[1]) if m else None
+        if p.budget is not None:
+            name += f" b{p.budget}"
+        elif width is not None and not kind.startswith("draft") and width > 1:
+            name += f" width {width}"
+        return name + _bs(p) + ("" if p.detail.get("complete", True) else ", not finished")
+    return p.key
+
+
+NO_COMPILE = "no Triton compile (cache complete)"
+
+
+def _items(st: Startup, seconds) -> list[str]:
+    """Each phase, in the journal's order; a DDTree start without a compile line says so where the
+    compile runs (inside the draft capture)."""
+    items: list[str] = []
+    compiled = any(p.key.startswith("compile") for p in st.phases)
+    said = not st.ddtree or compiled
+    for p in st.phases:
+        if not said and p.key in ("warmup", "other"):
+            items.append(NO_COMPILE)
+            said = True
+        items.append(f"{phase_label(p)} {seconds(p.seconds)}")
+    if not said:
+        items.append(NO_COMPILE)
+    return items
+
+
+def describe(start: dict | None, *, lab_line: bool = True) -> list[str]:
+    """The start-up block a deploy, rollback or tune trial prints after ready, from the switch
+    record's `startup` (`as_record`): the total and every phase at the site's scale; in the lab a
+    second line with the same phases in the lab's seconds; then the comparison with the previous
+    start of the profile when there is one (`WARN startup.slower: ...` when slower):
+
+        start-up 7 min 45 s at the site (0.931 s in the lab, time scale 500), ddtree-b16: weight load
+        36.8 s · target verify graphs b16 (bs 1-64) 3 min 6 s · ... · warm-up 3 min · other (...) 12.8 s
+          in the lab: weight load 0.074 s · ...
+    """
+    if not start:
+        return ["start-up: not read (no journal of this start)"]
+    st = Startup.from_dict(start)
+    scale = st.time_scale
+    head = f"start-up {human_s(st.total_s)}"
+    if scale:
+        head += f" at the site ({_lab_s(st.total_s / scale) if st.total_s else '?'} in the lab, time scale {scale:g})"
+    if start.get("profile"):
+        head += f", {start['profile']}"
+    lines = [head + ": " + " · ".join(_items(st, human_s))]
+    if scale and lab_line:
+        lines.append("  in the lab: " + " · ".join(
+            i for i in _items(st, lambda v: _lab_s(v / scale) if v is not None else "?") if i != NO_COMPILE))
+    slower = start.get("slower")
+    if isinstance(slower, dict) and slower.get("finding"):
+        f = slower["finding"]
+        mark = "ok  " if f.get("ok") else "WARN"
+        lines.append(f"{mark} {f.get('check')}: {f.get('diagnosis')}" + (f" (fix: {f['fix']})" if f.get("fix") else ""))
+    return lines
+
+
+def one_line(start: dict | None) -> str:
+    """A start in one line (status): the total and every phase at the site's scale."""
+    return describe(start, lab_line=False)[0] if start else "no start recorded"

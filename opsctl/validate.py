@@ -1078,4 +1078,5 @@ def validate(parsed: ParsedJournal, profile: ProfileLike, *, require_decode: boo
 
 
 def all_ok(findings: list[Finding]) -> bool:
-    return all(f.ok for f in findings)
+    """No error among them (a warning that is not ok, e.g. startup.slower, fails nothing by itself)."""
+    return not any(f.failed for f in findings)

@@ -352,6 +352,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write a PNG plot (tok/s and ITL p50 vs concurrency) and a Markdown/HTML summary with the verdict.
 
+        For a RELEASE id, the summary also has the release's last start from the host's ledger
+        (every start-up phase at the site's scale, and against the last start of its profile).
+
         Examples:
 
           opsctl report ddtree-b16-3ca2783571 -i inventories/lab --out report/
@@ -363,14 +366,14 @@ def register(app: typer.Typer) -> None:
         from opsctl.report import write_report
 
         _output.set_json(json_out)
-        host_policy = None
+        host_policy = start = None
         if Path(run_file).is_file():
             run = read_jsonl(Path(run_file))
             base = read_jsonl(baseline) if baseline is not None else None
         else:
             from opsctl.flow.inspect import release_bench
 
-            run, host_base, host_policy = release_bench(_common.inventory(inventory), run_file, limit=limit)
+            run, host_base, host_policy, start = release_bench(_common.inventory(inventory), run_file, limit=limit)
             base = read_jsonl(baseline) if baseline is not None else host_base
         name = report_name(name, run_file)
         verdict = None
@@ -390,10 +393,10 @@ def register(app: typer.Typer) -> None:
                                 canary_ran=compared if run.canary is not None else False)
             except ConfigError as e:
                 _output.info(f"no verdict: {e.one_line()}")
-        paths = write_report(run, out, base, verdict, name=name)
+        paths = write_report(run, out, base, verdict, name=name, start=start)
         if json_out:
             _output.emit_json({"ok": True, **{k: str(v) for k, v in paths.items()},
-                               "verdict": verdict.record() if verdict else None})
+                               "verdict": verdict.record() if verdict else None, "startup": start})
             return
         if verdict is not None:
             _output.info(verdict.table())

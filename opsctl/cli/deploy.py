@@ -47,13 +47,19 @@ class _StepPrinter:
                            f"{pol.get('soak_s', 0)}s, on_failure {pol.get('on_failure')})")
         elif kind == "gap":
             from opsctl.drain import describe
+            from opsctl.startup import describe as describe_start
 
-            _output.info(f"[{ev['host']}]   {describe(ev.get('gap') or {})}")
+            gap = ev.get("gap") or {}
+            _output.info(f"[{ev['host']}]   {describe(gap)}")
+            if gap.get("startup"):   # a start that got ready: its phases, and against the last start
+                for line in describe_start(gap["startup"]):
+                    _output.info(f"[{ev['host']}]   {line}")
         elif kind == "verdict":
             _print_verdict(ev)
         elif kind == "findings":
             for f in ev.get("findings", []):
-                _output.info(f"[{ev['host']}]   {'ok  ' if f['ok'] else 'FAIL'} {f['check']}: {f.get('diagnosis', '')}"
+                mark = "ok  " if f["ok"] else ("WARN" if f.get("severity") == "warning" else "FAIL")
+                _output.info(f"[{ev['host']}]   {mark} {f['check']}: {f.get('diagnosis', '')}"
                              + (f" (fix: {f['fix']})" if not f["ok"] and f.get("fix") else ""))
 
 
@@ -99,6 +105,28 @@ def _verdict_cell(r: dict) -> str:
     if (r.get("ledger") or {}).get("lost"):
         return "unknown (ledger missing)" if not r["ledger"].get("exists") else "unknown (ledger empty)"
     return (r["last_verdict"] or {}).get("status") or ("never judged" if r.get("judged") is False else "-")
+
+
+def _print_slower(host: str, start: dict | None) -> None:
+    """The summary repeats a startup.slower warning (the block after ready may have scrolled away)."""
+    f = ((start or {}).get("slower") or {}).get("finding") or {}
+    if f and not f.get("ok"):
+        _output.info(f"[{host}] WARN {f['check']}: {f.get('diagnosis', '')}")
+
+
+def _start_cell(rec: dict) -> str:
+    """history's start column: a switch record's start-up total at the site's scale, and against
+    the last start of its profile (`SLOWER` at the startup.slower threshold); '-' elsewhere."""
+    from opsctl.startup import human_s
+
+    st = rec.get("startup") if rec.get("action") == "switch" else None
+    if not isinstance(st, dict) or st.get("total_s") is None:
+        return "-"
+    cell = human_s(st["total_s"])
+    cmp = st.get("slower") or {}
+    if cmp.get("ratio"):
+        cell += f", {(cmp['ratio'] - 1) * 100:+.0f} %" + (" SLOWER" if cmp.get("slower") else "")
+    return cell
 
 
 def _watch_cell(w: dict) -> str:
@@ -191,6 +219,7 @@ def register(app: typer.Typer) -> None:
                     from opsctl.drain import describe
 
                     _output.info(f"[{o.host}] serving {describe(o.details['gap'])}")
+                    _print_slower(o.host, o.details.get("startup"))
                 elif o.result == "unchanged":
                     _output.info(f"[{o.host}] SGLang not restarted (its unit and runtime are unchanged)")
 
@@ -238,6 +267,7 @@ def register(app: typer.Typer) -> None:
                     from opsctl.drain import describe
 
                     _output.info(f"[{r['host']}] {describe(r['gap'])}")
+                    _print_slower(r["host"], r.get("startup"))
 
     @app.command("status")
     def status_cmd(inventory: Optional[Path] = _common.InventoryOpt, limit: Optional[str] = _common.LimitOpt,
@@ -295,6 +325,12 @@ def register(app: typer.Typer) -> None:
                 from opsctl.drain import describe
 
                 _output.info(f"[{r['host']}] last switch ({sw.get('why')}, {sw.get('ts')}): {describe(sw)}")
+            st = r.get("last_start")
+            if st:
+                from opsctl.startup import one_line
+
+                _output.info(f"[{r['host']}] last start of {st['release']} ({st.get('why')}, {st.get('ts')}): "
+                             f"{one_line(st)}")
             lv = r.get("last_verdict")
             if lv:
                 _output.info(f"[{r['host']}] verdict of {lv['release']}: {lv['status']} ({lv['ts']})"
@@ -331,11 +367,12 @@ def register(app: typer.Typer) -> None:
             by_host.setdefault(str(r.get("host")), []).append(r)
         fleet = any(r.get("rollout") for r in recs)
         for host_name, host_recs in by_host.items():
-            _output.table(f"history: {host_name}", ["when", "action", "result", "from", "to", "who", "why",
+            _output.table(f"history: {host_name}", ["when", "action", "result", "from", "to", "start", "who", "why",
                                                     *(["rollout"] if fleet else [])],
                           [[r.get("ts"), r.get("action"), r.get("result") or r.get("status"),
                             r.get("from_release") or "-", r.get("to_release") or r.get("release") or "-",
-                            r.get("who"), (r.get("reason") or "")[:80], *([r.get("rollout") or "-"] if fleet else [])]
+                            _start_cell(r), r.get("who"), (r.get("reason") or "")[:80],
+                            *([r.get("rollout") or "-"] if fleet else [])]
                            for r in host_recs])
             sw = next((r for r in reversed(host_recs) if r.get("action") == "switch"), None)
             if sw:

@@ -31,6 +31,7 @@ from opsctl.flow.stage import stage_wave
 from opsctl.flow.steps import Progress, Steps, as_inventory, noop
 from opsctl.flow.bench import drain_deadline_s
 from opsctl.flow.switch import arm_guard, back_in_pool, switch_drained, disarm_guard, drain_before_switch, require_room, switch
+from opsctl.findings import Finding
 from opsctl.flow.validate import validate_release
 from opsctl.host import facts
 from opsctl.host.connection import Connection, connect
@@ -417,6 +418,13 @@ def _interrupted_before_switch(conn: Connection, host: HostConfig, plan: Plan, s
                        signal_name=exc.signal_name, details={"step": step, "switched": False, "left_staged": left})
 
 
+def start_findings(start: dict | None) -> list[Finding]:
+    """The start's own finding (startup.slower against the last start of the profile), for the
+    validation's record; none when there was no earlier start to compare with."""
+    f = ((start or {}).get("slower") or {}).get("finding")
+    return [Finding.model_validate(f)] if f else []
+
+
 def _record_failed_before_switch(conn: Connection, host: HostConfig, plan: Plan, exc: OpsctlError) -> None:
     """A deploy that recorded `started` and failed before its switch (the guard, the switch
     itself): say so in the ledger, best effort (the error is the news). The guard stays armed:
@@ -485,8 +493,9 @@ def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile,
             raise with_start_diagnosis(conn, host, profile, since, steps, exc) from None
         details["ready_s"] = round(ready.seconds, 2)
         details["gap"] = back_in_pool(conn, host, gap, since, steps)
+        details["startup"] = details["gap"].get("startup") or None
         if gates:
-            outcome = validate_release(conn, host, profile, since, steps)
+            outcome = validate_release(conn, host, profile, since, steps, start=start_findings(details["startup"]))
             details["validation"] = outcome.record
             if not outcome.ok:
                 raise DeployFailed(f"{host.name}: validation failed: {outcome.reason}", "see the findings above",

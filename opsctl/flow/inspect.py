@@ -9,9 +9,11 @@ from opsctl.config import Inventory
 from opsctl.errors import ConfigError
 from opsctl.flow.bench import has_baseline, load_baseline, run_from_text
 from opsctl.flow.steps import as_inventory
+from opsctl.host import facts
 from opsctl.host.connection import connect
 from opsctl.drain import last_switch
 from opsctl.releases import ledger_lost_problem, read_state
+from opsctl.startup import last_start
 
 # --------------------------------------------------------------------------- status / history
 
@@ -27,6 +29,7 @@ def status(inventory: str | Path | Inventory, *, limit: str | None = None) -> li
         finally:
             conn.close()
         cur = state.current_release
+        baseline = state.baseline(host.baseline_profile)
         verdict = state.verdict_for(state.current)  # the live release's own verdict, never another's
         unfinished = state.interrupted_deploy()
         not_ready = state.live_not_ready()  # a rollback (the guard's too) whose release did not start (item 5)
@@ -52,10 +55,13 @@ def status(inventory: str | Path | Inventory, *, limit: str | None = None) -> li
             "ledger": {"path": str(host.install_root / "ledger.jsonl"), "exists": state.ledger_exists,
                        "records": len(state.ledger), "lost": state.ledger_lost,
                        "problem": ledger_lost_problem(host, state) if state.ledger_lost else None},
-            "releases": sorted(state.releases), "baseline": state.baseline(host.baseline_profile),
+            "releases": sorted(state.releases), "baseline": baseline,
+            # each release's last start that got ready (the ledger's switch records): total and phases
             "releases_on_disk": [{"id": r.id, "profile": r.label, "created_at": r.created_at,
-                                  "live": r.id == state.current}
+                                  "live": r.id == state.current, "last_start": last_start(state.ledger, r.id)}
                                  for r in sorted(state.releases.values(), key=lambda r: r.created_at, reverse=True)],
+            "last_start": last_start(state.ledger, state.current),
+            "baseline_last_start": last_start(state.ledger, baseline),
             "watch": watch_state,
             "rollout": _live_rollout(state),
             "last_switch": last_switch(state.ledger),
@@ -97,8 +103,8 @@ def history(inventory: str | Path | Inventory, *, limit: str | None = None, last
 
 
 def release_bench(inventory: str | Path | Inventory, release: str, *, limit: str | None = None):
-    """(the release's stored bench run, the host's baseline run, the host's gate policy) for
-    `opsctl report RELEASE`."""
+    """(the release's stored bench run, the host's baseline run, the host's gate policy, the
+    release's last start from the ledger or None) for `opsctl report RELEASE`."""
 
     inv = as_inventory(inventory)
     host = inv.single(limit)
@@ -110,6 +116,7 @@ def release_bench(inventory: str | Path | Inventory, release: str, *, limit: str
                               "pass a results file, or a release id from 'opsctl history' that was benchmarked")
         run = run_from_text(res.stdout, source=f"{host.name}:{release}/bench.jsonl")
         base = load_baseline(conn, host) if has_baseline(conn, host) else None
+        ledger, _ = facts.get(conn, facts.LedgerRecords(str(host.install_root)))
     finally:
         conn.close()
-    return run, base, host.gate_policy()
+    return run, base, host.gate_policy(), last_start(ledger, release)

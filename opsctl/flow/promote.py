@@ -258,6 +258,7 @@ def _rollback_chain(conn: Connection, host: HostConfig, state: HostState, target
         rec = append_ledger(conn, host, {**base, "result": "ok", "profile": info.profile, "budget": info.budget,
                                          "ready_s": round(ready.seconds, 2), **gap_fields(g)})
         rec.setdefault("gap", g)
+        rec.setdefault("startup", g.get("startup") or None)
         results.append(rec)
         if tried:
             raise DeployFailed(f"{host.name}: rollback to {target} failed ({errors.get(target, 'not ready')}); "

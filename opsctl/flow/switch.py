@@ -12,7 +12,7 @@ from opsctl.errors import HostError, OpsctlError
 from opsctl.flow.steps import Steps, noop
 from opsctl.host import facts
 from opsctl.host.connection import Connection
-from opsctl.releases import append_ledger
+from opsctl.releases import append_ledger, profile_slug
 
 
 def host_epoch(conn: Connection) -> int:
@@ -228,11 +228,39 @@ def _in_hook_quietly(host: HostConfig, steps: Steps) -> str:
     return f"; {host.name} is back in the pool"
 
 
+def read_start(conn: Connection, host: HostConfig, since: int, release: str | None) -> dict:
+    """The start that just got ready, from its journal (opsctl.startup): every phase at the site's
+    scale, the lab's time scale, and the comparison with the previous start of the same profile
+    and budget on this host (the ledger's switch records: `slower`, whose `finding` is
+    `startup.slower`, a warning, when at least 30 % slower). Empty when the journal cannot be read:
+    the switch is recorded without it."""
+    from opsctl import startup
+
+    try:
+        st = startup.parse(facts.get(conn, facts.JournalWindow(host.unit_name, since)))
+    except (OpsctlError, IndexError, ValueError):
+        return {}
+    profile = profile_slug(release) if release else None
+    rec = st.as_record(profile)
+    if profile:
+        try:
+            ledger, _ = facts.get(conn, facts.LedgerRecords(str(host.install_root)))
+        except OpsctlError:
+            ledger = []   # no ledger to compare with: the start is still recorded
+        cmp, prev = startup.compare_with_ledger(st, profile, ledger)
+        if prev is not None:
+            rec["slower"] = {**cmp.as_dict(), "previous_release": prev.get("to_release"),
+                             "previous_ts": prev.get("ts"), "finding": cmp.finding().model_dump()}
+    return rec
+
+
 def back_in_pool(conn: Connection, host: HostConfig, gap: Gap, since: int | None, steps: Steps | None = None, *,
                  ready: bool = True) -> dict:
-    """After the ready step: the `in` hook (the host serves again), the lab's time scale from the
-    start's journal (opsctl.startup), and the switch's record in the ledger. A start that did not
-    become ready stays out of the pool (`ready=False`): the rollback that follows brings it back."""
+    """After the ready step: the `in` hook (the host serves again), the start's phases and the lab's
+    time scale from its journal (`read_start`), and the switch's record in the ledger; the `gap`
+    event carries that record (the CLI prints the gap and the start-up block from it). A start
+    that did not become ready stays out of the pool (`ready=False`): the rollback that follows
+    brings it back."""
     steps = steps or Steps(noop, host.name)
     if ready:
         gap.ready_at = gap.ready_at or gap.now()
@@ -247,14 +275,8 @@ def back_in_pool(conn: Connection, host: HostConfig, gap: Gap, since: int | None
     else:
         gap.result = "not-ready"
     if since is not None and ready:
-        try:
-            from opsctl import startup
-
-            st = startup.parse(facts.get(conn, facts.JournalWindow(host.unit_name, since)))
-            gap.time_scale = st.time_scale
-            gap.startup = {"total_s": st.total_s, "phases": st.seconds()}
-        except (OpsctlError, IndexError, ValueError):
-            pass
+        gap.startup = read_start(conn, host, since, gap.to_release)
+        gap.time_scale = gap.startup.get("time_scale") if gap.startup else None
     rec = gap.record()
     try:
         with BRAKE.held():

@@ -53,29 +53,36 @@ def run_loadgen(conn: Connection, host: HostConfig, args: list[str], *, timeout:
     return res.stdout
 
 
-def validate_release(conn: Connection, host: HostConfig, profile: Profile, since: int, steps: Steps) -> GateOutcome:
+def validate_release(conn: Connection, host: HostConfig, profile: Profile, since: int, steps: Steps,
+                     start: list[Finding] | None = None) -> GateOutcome:
+    """`start`: findings about the start itself, made before (startup.slower, a warning): they go
+    in the validation's record and ledger record; the start-up block already printed them."""
     t0 = steps.start("validate", "CUDA-graph capture and decode lines from the journal")
     entries = facts.get(conn, facts.JournalWindow(host.unit_name, since))
     findings = validate.validate_startup(journal.parse(entries), profile)
     if validate.all_ok(findings):
         findings = validate.validate(run_probe(conn, host, profile, since), profile, require_decode=True)
-    return _finish_validation(conn, host, profile, findings, steps, t0)
+    return _finish_validation(conn, host, profile, findings, steps, t0, start or [])
 
 
 def _finish_validation(conn: Connection, host: HostConfig, profile: Profile, findings: list[Finding],
-                       steps: Steps, t0: float) -> GateOutcome:
+                       steps: Steps, t0: float, start: list[Finding] | None = None) -> GateOutcome:
     ok = validate.all_ok(findings)
-    failed = [f for f in findings if not f.ok]
+    failed = [f for f in findings if f.failed]
     steps.progress({"event": "findings", "host": host.name, "step": "validate",
                     "findings": [f.model_dump() for f in (failed or findings)]})
-    record = {"ok": ok, "findings": [f.model_dump() for f in findings]}
+    start = start or []
+    warned = [f for f in start if f.warned]
+    record = {"ok": ok, "findings": [f.model_dump() for f in [*findings, *start]]}
+    kept = failed or [f for f in findings if f.check.startswith("capture.")]
     append_ledger(conn, host, {"action": "validation", "result": "ok" if ok else "failed",
                                "profile": profile.name, "budget": profile.budget,
-                               "reason": "all checks passed" if ok else failed[0].one_line(),
-                               "findings": [f.model_dump() for f in failed] if failed else
-                               [f.model_dump() for f in findings if f.check.startswith("capture.")]})
+                               "reason": ("all checks passed" if ok else failed[0].one_line())
+                               + "".join(f"; {f.one_line()}" for f in warned),
+                               "findings": [f.model_dump() for f in [*kept, *start]]})
     if ok:
-        steps.done("validate", t0, f"{len(findings)} checks passed")
+        steps.done("validate", t0, f"{len(findings)} checks passed"
+                   + "".join(f"; warning: {f.check}" for f in warned), status="warn" if warned else "ok")
         return GateOutcome(True, "", record)
     steps.done("validate", t0, failed[0].one_line(), status="fail")
     return GateOutcome(False, f"{failed[0].check}: {failed[0].diagnosis}", record)
