@@ -90,7 +90,7 @@ def test_more_than_5_hosts_is_a_one_line_lab_error():
 
 
 @pytest.mark.parametrize("args", [("lab", "ssh", "--host", "lab9"), ("lab", "fault", "list", "--host", "nope"),
-                                  ("lab", "fault", "set", "crash-after", "--host", "lab6"),
+                                  ("lab", "fault", "set", "crash-after", "--host", "lab8"),
                                   ("lab", "fault", "clear", "--host", "x"), ("lab", "down", "--host", "lab7")])
 def test_unknown_lab_host_is_bad_input_naming_the_valid_names(args):
     r = run(*args)

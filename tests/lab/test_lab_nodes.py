@@ -26,7 +26,8 @@ def test_node1_keeps_the_single_host_names():
 
 
 @pytest.mark.parametrize("i,host_ip,guest_ip", [(2, "10.203.9.5", "10.203.9.6"), (3, "10.203.9.9", "10.203.9.10"),
-                                                (4, "10.203.9.13", "10.203.9.14"), (5, "10.203.9.17", "10.203.9.18")])
+                                                (4, "10.203.9.13", "10.203.9.14"), (5, "10.203.9.17", "10.203.9.18"),
+                                                (6, "10.203.9.21", "10.203.9.22")])
 def test_node_i_gets_its_own_names_and_slash30(i, host_ip, guest_ip):
     n = C.LabNode(i)
     assert (n.name, n.netns, n.veth_host, n.veth_guest, n.machine, n.hostname, n.cgroup_name) == (
@@ -38,12 +39,12 @@ def test_node_i_gets_its_own_names_and_slash30(i, host_ip, guest_ip):
 
 
 def test_nodes_are_distinct_and_bounded():
-    assert [n.index for n in C.NODES] == [1, 2, 3, 4, 5]
+    assert [n.index for n in C.NODES] == [1, 2, 3, 4, 5, 6]
     for attr in ("netns", "veth_host", "veth_guest", "host_ip", "guest_ip", "machine", "hostname", "cgroup_name",
                  "pid_file", "boot_script", "boot_log", "overlay_dir"):
-        assert len({getattr(n, attr) for n in C.NODES}) == 5, attr
+        assert len({getattr(n, attr) for n in C.NODES}) == 6, attr
     with pytest.raises(ValueError):
-        C.LabNode(6)
+        C.LabNode(7)
     with pytest.raises(ValueError):
         C.LabNode(0)
 
