@@ -543,6 +543,7 @@ def compile_on_host(conn: Connection, host: HostConfig, decision: Decision, rele
         prep += f" && rm -f {qd}/{MANIFEST_NAME}"
     site = host.install_root / "releases" / release / "site"
     args = " ".join(shlex.quote(a) for a in [*needs.aot_args(), "--jobs", str(HOST_AOT_JOBS), "--out", str(dest)])
+    # cd /: no package in the login directory shadows the release's runtime
     cmd = (f"{prep} && cd / && PYTHONPATH={shlex.quote(str(site))} CUDA_VISIBLE_DEVICES= "
            f"timeout {HOST_AOT_TIMEOUT_S} nice -n 19 {shlex.quote(str(env_python(host)))} -m {AOT_MODULE} {args}")
     res = conn.run(cmd, check=False, timeout=HOST_AOT_TIMEOUT_S + 60, on_stderr_line=on_line)
