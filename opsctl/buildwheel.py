@@ -122,6 +122,21 @@ def cached_runtime_wheel(cache_root: Path, source: Path = DEFAULT_SOURCE) -> Pat
     return build_runtime_wheel(out, source).path
 
 
+def seed_cached_wheel(cache_root: Path, built: BuiltWheel, source: Path = DEFAULT_SOURCE) -> Path | None:
+    """Make `built` the wheel the deploy takes for these sources (`cached_runtime_wheel`) when it
+    has none yet, so what was compiled for this build's sha is what ships. Returns the cached
+    wheel when one with other bytes is already there (another build backend), else None."""
+    out = cache_root / built.source_digest[:16]
+    existing = sorted(out.glob("*.whl"))
+    if existing:
+        return None if _sha256(existing[0]) == built.sha256 else existing[0]
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".{built.path.name}.tmp"
+    shutil.copyfile(built.path, tmp)
+    os.replace(tmp, out / built.path.name)
+    return None
+
+
 def main(argv: list[str]) -> int:
     """`python -m opsctl.buildwheel [OUT_DIR]`: print the wheel's path (scripts/build-runtime-wheel)."""
     out = Path(argv[0]) if argv else REPO_ROOT / "dist"

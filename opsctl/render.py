@@ -131,6 +131,8 @@ def server_env(host: HostConfig, profile: Profile) -> dict[str, str]:
     }
     if profile.kind == "ddtree":
         env["SGLANG_PLUGINS"] = "ddtree"
+        # the release's link to its runtime wheel's cache (opsctl/triton.py): filled before the switch
+        env["TRITON_CACHE_DIR"] = str(current / "triton")
         if profile.schedule is not None:  # read by the runtime's plugin at server start
             env[SCHEDULE_ENV] = str(current / SCHEDULE_FILE)
     env.update(host.settings.extra_env)

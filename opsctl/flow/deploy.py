@@ -443,6 +443,8 @@ def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile,
            gates: bool, *, staged: tuple, checks: bool = True, trial: Callable | None = None) -> DeployOutcome:
     play, sync = staged
     details = {"ansible_changed": play.changed, "drafter_bytes_sent": sync.bytes_sent if sync else 0}
+    if plan.triton_outcome is not None:  # ddtree: the stage's Triton cache step (issue #36)
+        details["triton"] = plan.triton_outcome
     repairs = plan.repairs
     if repairs:
         details["repaired"] = repairs
@@ -450,7 +452,8 @@ def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile,
         append_ledger(conn, host, {"action": "deploy", "result": "unchanged", "from_release": plan.release,
                                    "to_release": plan.release, "profile": profile.name, "budget": profile.budget,
                                    "reason": "already live", "ansible_changed": play.changed,
-                                   "drafter_bytes_sent": details["drafter_bytes_sent"]})
+                                   "drafter_bytes_sent": details["drafter_bytes_sent"],
+                                   **({"triton": details["triton"]} if "triton" in details else {})})
         return DeployOutcome(host.name, plan.release, "unchanged", plan.as_dict(), details)
     if plan.is_live and repairs:
         steps.note(f"release {plan.release} is live and this deploy repaired {len(repairs)} file(s) it had loaded "
@@ -553,7 +556,8 @@ def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile,
     append_ledger(conn, host, {"action": "promote", "result": "ok", "from_release": previous,
                                "to_release": plan.release, "profile": profile.name, "budget": profile.budget,
                                "reason": "gates passed" if gates else "gates skipped (--no-gate)",
-                               **{k: v for k, v in details.items() if k in ("ready_s", "drafter_bytes_sent", "repaired")},
+                               **{k: v for k, v in details.items()
+                                  if k in ("ready_s", "drafter_bytes_sent", "repaired", "triton")},
                                **gap_fields(details.get("gap"))})
     prune(conn, host)
     # a live release whose files this deploy repaired is reported as such, never "unchanged"

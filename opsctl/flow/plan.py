@@ -7,7 +7,7 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opsctl import __version__, wheelhouse
+from opsctl import __version__, triton, wheelhouse
 from opsctl.artifacts import DrafterManifest, drafter_manifest, plan_drafter, runtime_wheel, sha256_file
 from opsctl.config import HostConfig, Profile
 from opsctl.errors import ConfigError, HostError
@@ -37,6 +37,8 @@ class Plan:
     verify_weights: bool = False
     restage: list[str] = field(default_factory=list)  # what differs in the staged release: restage it (item 9)
     base_env: dict | None = None  # the wheelhouse to ship and install from, when the host lacks the base env
+    triton: triton.Decision | None = None  # ddtree: what the stage's triton step would do (issue #36)
+    triton_outcome: dict | None = None     # ddtree: what it did (set by the stage step)
 
     @property
     def previous(self) -> str | None:
@@ -69,8 +71,15 @@ class Plan:
             # check the tree against it (opsctl/integrity.py, issue #32 item 9)
             "site_files": site_files(self.runtime_wheel) if self.runtime_wheel else None,
             "drafter": ({"digest": self.drafter.digest, "bytes": self.drafter.total_bytes} if self.drafter else None),
+            # ddtree: what the release needs of its Triton cache (the `triton` link), for a later check
+            **({"triton": self._triton_needs()} if self.triton else {}),
             "created_at": now_iso(), "created_by": who(), "opsctl_version": __version__,
         }
+
+    def _triton_needs(self) -> dict:
+        n = self.triton.needs
+        return {"arch": n.arch, "cache": str(self.triton.host_dir), "hidden": n.hidden, "tp": n.tp,
+                "capture_bs": list(n.capture_bs), "specialisations": [s.as_dict() for s in n.specialisations]}
 
     def as_dict(self) -> dict:
         return {"host": self.host.name, "profile": self.profile.name, "budget": self.profile.budget,
@@ -80,7 +89,7 @@ class Plan:
                 "current": self.state.current, "release_exists": self.release_exists, "live": self.is_live,
                 "changes": self.changes, "unit_diff": self.unit_diff, "bytes_to_send": self.bytes_to_send,
                 "drafter": self.drafter_plan, "base_env": self.base_env, "argv": self.rendered.argv,
-                "repairs": self.repairs}
+                "repairs": self.repairs, "triton": self.triton.as_dict() if self.triton else None}
 
 
 def _sha(text: str) -> str:
@@ -131,6 +140,8 @@ def make_plan(conn: Connection, host: HostConfig, profile: Profile, *, verify_we
     plan = Plan(host, profile, rendered, rid, state, wheel, wheel_sha, manifest, dplan, diff,
                 verify_weights=verify_weights)
     env_ready = conn.run(f"test -f {env_python(host).parent.parent}/.opsctl-complete", check=False).ok
+    if wheel_sha is not None:  # ddtree: the draft head's Triton kernels (read only; compiled, if at all, in stage)
+        plan.triton = triton.plan_release(conn, host, profile, wheel_sha, env_ready=env_ready)
     changes: list[str] = []
     send = 0
     if not env_ready:
@@ -172,6 +183,8 @@ def make_plan(conn: Connection, host: HostConfig, profile: Profile, *, verify_we
             changes.append(f"drafter {manifest.digest[:12]}: send {len(dplan['send'])} file(s) "
                            f"({dplan['bytes_to_send'] / 2**20:.1f} MiB), reuse {len(dplan['link'])}")
             send += dplan["bytes_to_send"]
+    if plan.triton is not None:
+        changes.append(plan.triton.describe())
     if not plan.is_live:
         changes.append(f"switch current: {state.current or 'none'} -> {rid}; restart {host.unit_name}")
     plan.changes = changes

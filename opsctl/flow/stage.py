@@ -1,13 +1,15 @@
 """stage: ship the wheelhouse and the drafter, then the prepare playbook builds the release
-under releases/.staging-<id> and renames it into place, on one host or a whole wave at once.
-Nothing live changes."""
+under releases/.staging-<id> and renames it into place, on one host or a whole wave at once;
+then, for a ddtree release, its Triton cache is completed (the `triton` step). Nothing live
+changes."""
 from __future__ import annotations
 
 import base64
 import json
 import shlex
+import time
 
-from opsctl import watch, wheelhouse
+from opsctl import triton, watch, wheelhouse
 from opsctl.artifacts import SyncResult, sync_drafter
 from opsctl.bench import LOADGEN_PATH
 from opsctl.config import Inventory
@@ -63,7 +65,61 @@ def stage_wave(inv: Inventory, items: list[tuple[Connection, Plan, Steps]]
         window = ({"started_at": play.window[0], "ended_at": play.window[1]} if play.window else {})
         steps.done("prepare", t0[name], f"changed={play.changed} ok={play.ok}", changed=play.changed, **window)
         out[name] = (play, out[name][1], None)
+    for conn, plan, steps in ready:
+        name = plan.host.name
+        if out[name][2] is not None or plan.triton is None:
+            continue
+        try:
+            plan.triton_outcome = triton_step(conn, plan, steps)
+        except HostError as exc:
+            if len(items) == 1:
+                raise
+            out[name] = (out[name][0], out[name][1], exc)
     return out
+
+
+def triton_step(conn: Connection, plan: Plan, steps: Steps) -> dict:
+    """The release's Triton cache before the switch (issue #36): complete already, or shipped from
+    the controller's cache, or compiled on the host (no GPU, niced), or left to the first start
+    (a note with the cost and the fix). Returns the outcome the deploy records."""
+    host = plan.host
+    assert plan.triton is not None and plan.runtime_sha is not None
+    view = triton.read_host(conn, host, plan.runtime_sha)   # fresh: the prepare play made the environment
+    d = triton.decide(plan.triton.needs, view, host)
+    plan.triton = d
+    n, arch = d.count, d.needs.arch
+    missing = len(d.coverage.missing)
+    if d.action == "complete":
+        t0 = steps.start("triton", f"{n} specialisation(s) for {arch}")
+        outcome = d.outcome("complete", time.monotonic() - t0)
+        steps.done("triton", t0, f"cache complete ({n} specialisations), no compile at start", triton=outcome)
+        return outcome
+    if d.action == "ship":
+        t0 = steps.start("triton", f"ship the controller's cache for {arch}: {missing} missing specialisation(s)")
+        sent = triton.ship_cache(conn, host, d)
+        outcome = d.outcome("shipped", time.monotonic() - t0, **sent)
+        steps.done("triton", t0, f"shipped {sent['files']} file(s), {sent['bytes_sent']} bytes: cache complete "
+                   f"({n} specialisations), no compile at start", triton=outcome)
+        return outcome
+    if d.action == "compile":
+        t0 = steps.start("triton", f"compiling {missing} specialisation(s) for {arch} on the host (no GPU, niced): "
+                         f"a long step, about {triton.CPU_S_PER_SPECIALISATION} s of CPU each")
+        res = triton.compile_on_host(conn, host, d, plan.release, view,
+                                     on_line=lambda line: steps.note(f"triton: {line}") if line.strip() else None)
+        if res["ok"]:
+            outcome = d.outcome("compiled", time.monotonic() - t0, kernels=res.get("kernels"))
+            steps.done("triton", t0, f"compiled {res.get('kernels')} kernel(s): cache complete ({n} specialisations), "
+                       "no compile at start", triton=outcome)
+            return outcome
+        # a failed fill costs the start its compile, not the deploy
+        line = f"compile failed ({res['error']}); " + d.missing_line()
+        outcome = d.outcome("missing", time.monotonic() - t0, compiled_at_start=missing, error=res["error"])
+        steps.done("triton", t0, line, status="warn", triton=outcome)
+        return outcome
+    t0 = steps.start("triton", f"{n} specialisation(s) for {arch}")
+    outcome = d.outcome("missing", time.monotonic() - t0, compiled_at_start=missing)
+    steps.done("triton", t0, d.missing_line(), status="warn", triton=outcome)
+    return outcome
 
 
 def _ship(conn: Connection, plan: Plan, steps: Steps) -> tuple[SyncResult | None, str]:
@@ -123,6 +179,9 @@ def _release_vars(plan: Plan, env_wheelhouse: str) -> dict:
         "opsctl_host_python": str(host.host_python), "opsctl_service_user": s.service_user or "",
         "opsctl_runtime_wheel": str(plan.runtime_wheel) if plan.runtime_wheel else "",
         "opsctl_drafter_digest": plan.drafter.digest if plan.drafter else "",
+        # ddtree: the release's `triton` link to its runtime wheel's cache (shared/cache/triton/<sha12>)
+        "opsctl_triton_cache_id": (triton.cache_id(plan.runtime_sha)
+                                   if plan.profile.kind == "ddtree" and plan.runtime_sha else ""),
         "opsctl_loadgen_src": str(LOADGEN_PATH),
         "opsctl_secrets_file": str(s.secrets_file) if s.secrets_file else "",
         **watch.playbook_vars(host),   # the host-side watch: installed (or removed) with every stage

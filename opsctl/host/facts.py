@@ -445,3 +445,70 @@ class GpuProcesses(Fact[list]):
                 mib = 0
             out.append(ComputeApp(int(row[0]), row[1], mib))
         return out
+
+
+@dataclass(frozen=True)
+class GpuArch(Fact["str | None"]):
+    """The GPUs' architecture as the Triton compiler names it: compute_cap "12.0" -> "sm_120"
+    (None: nvidia-smi printed none). GPUs of two architectures on one host are a HostError:
+    one release's kernels are compiled for one."""
+
+    def command(self) -> str:
+        return "nvidia-smi --query-gpu=compute_cap --format=csv,noheader"
+
+    def process(self, stdout: str) -> str | None:
+        caps = sorted({line.strip() for line in stdout.splitlines() if re.fullmatch(r"\d+\.\d+", line.strip())})
+        if len(caps) > 1:
+            raise HostError(f"the host's GPUs have different compute capabilities ({', '.join(caps)})",
+                            "run a release on GPUs of one kind (CUDA_VISIBLE_DEVICES in opsctl.extra_env)")
+        if not caps:
+            return None
+        major, minor = caps[0].split(".")
+        return f"sm_{int(major) * 10 + int(minor)}"
+
+
+@dataclass(frozen=True)
+class JsonFile(Fact["dict | None"]):
+    """A JSON object file on the host (None: absent, unreadable or not a JSON object)."""
+
+    path: str
+
+    def command(self) -> str:
+        return f"cat {shlex.quote(str(self.path))}"
+
+    def process(self, stdout: str) -> dict | None:
+        try:
+            doc = json.loads(stdout)
+        except ValueError:
+            return None
+        return doc if isinstance(doc, dict) else None
+
+
+@dataclass(frozen=True)
+class PythonPackages(Fact[dict]):
+    """{name: installed version or None} in a Python environment on the host, from its package
+    metadata (nothing is imported: torch alone costs seconds). Every name None when that Python
+    does not run."""
+
+    python: str
+    names: tuple[str, ...]
+
+    def command(self) -> str:
+        py = ("import json, importlib.metadata as m\n"
+              "def v(n):\n"
+              "    try:\n        return m.version(n)\n"
+              "    except Exception:\n        return None\n"
+              f"print(json.dumps({{n: v(n) for n in {list(self.names)!r}}}))\n")
+        return f"{shlex.quote(self.python)} -c {shlex.quote(py)}"
+
+    def process(self, stdout: str) -> dict:
+        out: dict = {n: None for n in self.names}
+        for line in reversed(stdout.strip().splitlines()):
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(doc, dict):
+                out.update({n: doc.get(n) if isinstance(doc.get(n), str) else None for n in self.names})
+                break
+        return out

@@ -257,7 +257,8 @@ def _apply_live(monkeypatch, repairs: list[str]):
     monkeypatch.setattr(deploy, "fallback_releases", lambda state, host, exclude: ["ar-tp8-base"])
     profile = SimpleNamespace(name="ddtree", budget=16, readiness_timeout_s=60)
     plan = SimpleNamespace(release="ddtree-b16-good", previous="ddtree-b16-good", is_live=True, repairs=repairs,
-                           state=SimpleNamespace(judged=lambda r: True), profile=profile, as_dict=lambda: {})
+                           state=SimpleNamespace(judged=lambda r: True), profile=profile, as_dict=lambda: {},
+                           triton_outcome=None)
     host = SimpleNamespace(name="lab", settings=SimpleNamespace(guard_s=None))
     out = deploy._apply(object(), None, host, profile, plan, Steps(None, "lab"), False,
                         staged=(SimpleNamespace(changed=0), SimpleNamespace(bytes_sent=4096)), checks=False)

@@ -76,7 +76,7 @@ def test_a_deploy_without_room_for_its_switch_records_and_arms_nothing(monkeypat
     monkeypatch.setattr(deploy, "arm_guard", lambda *a, **k: calls.append("arm"))
     monkeypatch.setattr(deploy, "fallback_releases", lambda state, host, exclude: ["ar-tp8-base"])
     plan = SimpleNamespace(release="ddtree-b8-new", previous="ar-tp8-base", is_live=False, repairs=[],
-                           state=SimpleNamespace(judged=lambda r: False),
+                           state=SimpleNamespace(judged=lambda r: False), triton_outcome=None,
                            profile=SimpleNamespace(name="ddtree", budget=8, readiness_timeout_s=60))
     host = SimpleNamespace(**vars(_host()), settings=SimpleNamespace(guard_s=None))
     with pytest.raises(HostError, match="the switch of this deploy needs 64 MiB"):

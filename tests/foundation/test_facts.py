@@ -4,6 +4,7 @@ their outputs apart; the commands themselves run in a real shell."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -153,3 +154,31 @@ def test_gather_in_a_real_shell_isolates_each_command(tmp_path):
     assert records == [{"action": "promote"}] and problems == []
     assert isinstance(free, int) and free > 0
     assert missing is None
+
+
+# --------------------------------------------------------------------------- the ddtree Triton cache (issue #36)
+
+
+def test_the_gpu_architecture_is_named_as_the_triton_compiler_does():
+    fact = facts.GpuArch()
+    assert fact.command() == "nvidia-smi --query-gpu=compute_cap --format=csv,noheader"
+    assert fact.process("12.0\n12.0\n") == "sm_120" and fact.process("9.0\n") == "sm_90"
+    assert fact.process("") is None and fact.process("NVIDIA-SMI has failed\n") is None
+    with pytest.raises(HostError, match="different compute capabilities"):
+        fact.process("12.0\n9.0\n")
+
+
+def test_a_json_file_is_an_object_or_none():
+    fact = facts.JsonFile("/srv/models/m/config.json")
+    assert fact.command() == "cat /srv/models/m/config.json"
+    assert fact.process('{"vocab_size": 8}') == {"vocab_size": 8}
+    assert fact.process("") is None and fact.process("[1]") is None and fact.process("{broken") is None
+
+
+def test_package_versions_come_from_metadata_and_a_missing_python_has_none():
+    conn = LocalConnection()
+    got = facts.get(conn, facts.PythonPackages(sys.executable, ("pytest", "no-such-package-36")))
+    assert got["pytest"] and got["no-such-package-36"] is None
+    assert facts.get(conn, facts.PythonPackages("/nonexistent/python", ("torch",))) == {"torch": None}
+    assert facts.PythonPackages("p", ("torch", "triton")).process('{"torch": "2.9.1", "triton": 3}') == {
+        "torch": "2.9.1", "triton": None}

@@ -117,7 +117,7 @@ def test_a_deploy_that_fails_before_its_switch_records_its_end(monkeypatch):
 
     monkeypatch.setattr(deploy, "arm_guard", guard_fails)
     plan = SimpleNamespace(release="ddtree-b8-t1", previous="ddtree-b16-a", is_live=False,
-                           state=SimpleNamespace(judged=lambda r: False), repairs=[])
+                           state=SimpleNamespace(judged=lambda r: False), repairs=[], triton_outcome=None)
     profile = SimpleNamespace(name="ddtree", budget=8, readiness_timeout_s=60)
     plan.profile = profile
     host = SimpleNamespace(name="h", settings=SimpleNamespace(guard_s=None))
