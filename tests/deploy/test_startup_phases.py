@@ -220,7 +220,8 @@ def test_a_slower_start_is_a_warning_in_the_validation_and_the_deploy_still_prom
     monkeypatch.setattr(deploy, "validate_release", validate_release)
     profile = SimpleNamespace(name="ddtree", budget=16, readiness_timeout_s=60)
     plan = SimpleNamespace(release="ddtree-b16-dddddddddd", previous="ar-tp8-base", is_live=False, repairs=[],
-                           state=SimpleNamespace(judged=lambda r: False), profile=profile, as_dict=lambda: {})
+                           state=SimpleNamespace(judged=lambda r: False), profile=profile, as_dict=lambda: {},
+                           triton_outcome=None)
     host = SimpleNamespace(name="lab", settings=SimpleNamespace(guard_s=None))
     out = deploy._apply(object(), None, host, profile, plan, Steps(events.append, "lab"), True,
                         staged=(SimpleNamespace(changed=0), SimpleNamespace(bytes_sent=0)), checks=False)
