@@ -57,7 +57,9 @@ WHOLE_LAB_DIRS = ("tests/lab/",)   # modules that take the whole lab up or down:
 # about a minute of each other). Modules not listed run after these, in file order.
 LAB_MODULE_ORDER = ("tests/deploy/test_rollback_truth_lab.py", "tests/deploy/test_fleet_lab.py",
                     "tests/watch/test_watch_lab.py", "tests/tune/test_tune_lab.py",
+                    "tests/deploy/test_drain_lab.py",
                     "tests/gates/test_workloads_lab.py", "tests/gates/test_gates_lab.py",
+                    "tests/deploy/test_startup_lab.py",
                     "tests/deploy/test_deploy_lab.py", "tests/watch/test_watch_soak_lab.py",
                     "tests/deploy/test_interrupts_lab.py", "tests/deploy/test_twice_lab.py",
                     "tests/checks/test_checks_lab.py",
