@@ -209,6 +209,16 @@ def test_control_file_change_detection(tmp_path):
     clk.t = 1.0
     with pytest.raises(ValueError, match="cannot be read"):
         cf.poll()
+    clk.t = 1.2
+    assert cf.poll() is None  # the same unreadable thing: said once
+
+    def no_permission(p):
+        raise PermissionError(13, "Permission denied", p)
+
+    denied = ControlFile(str(path), 0.0, clock=clk, stat=no_permission)
+    with pytest.raises(ValueError, match="cannot be stat'ed"):
+        denied.poll()
+    assert denied.poll() is None and denied.stats == 2  # said once
 
 
 class Lines:

@@ -105,20 +105,24 @@ def _capture_in_turn(original_fn, model_runner, units, *, ctx, exec_cfg, spec, w
     out = []
     try:
         for i, (width, bs, line) in enumerate(units):
-            fields = {}
+            fields, restore = {}, {}
             if width is not None:
                 fields["speculative_num_draft_tokens"] = int(width)
+                restore["speculative_num_draft_tokens"] = n_orig
             if bs is not None:
                 fields["cuda_graph_config"] = with_phase(gcfg, "decode", bs=list(bs))
+                restore["cuda_graph_config"] = gcfg
             if line:
                 logger.info(line)
-            ctx.override("ddtree.capture", **fields)
+            if fields:
+                ctx.override("ddtree.capture", **fields)
             try:
                 backend = orig_backend if i == home else new_backend(model_runner)
                 model_runner.attn_backend = backend
                 cap = original_fn(model_runner=model_runner)
             finally:
-                ctx.override("ddtree.capture_restore", speculative_num_draft_tokens=n_orig, cuda_graph_config=gcfg)
+                if restore:
+                    ctx.override("ddtree.capture_restore", **restore)
             out.append((backend, cap))
     finally:
         model_runner.attn_backend = orig_backend

@@ -327,6 +327,12 @@ class ControlFile:
         except FileNotFoundError:
             self._seen = None  # written again later: read again
             return None
+        except OSError as e:  # e.g. a directory without permission: say so once, not every look
+            fp = ("error", type(e).__name__, e.errno)
+            if fp == self._seen:
+                return None
+            self._seen = fp
+            raise ValueError(f"{self.path}: cannot be stat'ed ({e})") from e
         fp = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
         if fp == self._seen:
             return None
