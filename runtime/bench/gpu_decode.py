@@ -1430,7 +1430,7 @@ class Env:
     def _activate(self, w):
         self.mr._ddtree_schedule = w._h_sched
         self.mr._ddtree_band_states = w._h_states
-        w._ddtree_active_band = None
+        w._ddtree_active_state = None
         self.draft_runner.graphs = w._h_graphs
         SGL.get_context().override("harness.worker", speculative_num_draft_tokens=w._h_nmax)
         os.environ["SGLANG_DDTREE_SCHEDULE_FILE"] = os.path.join(self.dir, f"schedule-{self._name_of(w)}.json")

@@ -17,7 +17,15 @@ What it does:
     capture itself): for DDTREE's target they return a tree verify input
     (EagleVerifyInput layout, ``draft_token_num = budget + 1``, the runner's
     custom-mask buffer) instead of DFlash's linear, possibly mask-less one, so
-    the captured attention metadata is the tree's.
+    the captured attention metadata is the tree's;
+  * an AROUND hook on ``cuda_graph_setup.capture_decode_graph``: with a budget
+    schedule (``SGLANG_DDTREE_SCHEDULE_FILE``) the target-verify capture runs
+    once per band; with a trial set (``SGLANG_DDTREE_TRIAL_SET_FILE``) once per
+    verify width any candidate needs, and the drafter's once per draft budget
+    (``bands``);
+  * an AROUND hook on the scheduler's ``_add_speculative`` (``/server_info``):
+    ``internal_states[i]["ddtree"]`` = the worker's status (the active
+    candidate, since which decode step, what was captured).
 """
 
 from __future__ import annotations
@@ -27,8 +35,10 @@ import logging
 from typing import Any, Optional
 
 from .config import budget_from_num_draft_tokens, read_block_size
-from .bands import BandState, _new_attn_backend, capture_banded_verify_graphs  # noqa: F401  (re-exported)
+from .bands import (BandState, _new_attn_backend, capture_banded_verify_graphs,  # noqa: F401  (re-exported)
+                    capture_trial_draft_graphs, capture_trial_verify_graphs)
 from .schedule import ENV_SCHEDULE_FILE, BudgetSchedule, load_schedule  # noqa: F401
+from .trialset import ENV_CONTROL_FILE, ENV_TRIAL_SET_FILE, TrialSet, load_trial_set  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +46,8 @@ ALGO_NAME = "DDTREE"
 DUMMY_VERIFY_TARGET = "sglang.srt.speculative.spec_info.create_dummy_verify_input"
 GRAPH_SPEC_INFO_TARGET = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info"
 CAPTURE_DECODE_TARGET = "sglang.srt.model_executor.model_runner_components.cuda_graph_setup.capture_decode_graph"
+INTERNAL_STATE_TARGET = ("sglang.srt.managers.scheduler_components.internal_state."
+                         "SchedulerInternalStateController._add_speculative")
 
 _SPEC_CLASS = None
 
@@ -55,6 +67,9 @@ def validate_server_args(server_args: Any) -> None:
     # one band (budget = num_draft_tokens - 1), or the budget schedule file
     # (SGLANG_DDTREE_SCHEDULE_FILE): malformed / widest width != num_draft_tokens -> ValueError
     load_schedule(getattr(cfg, "speculative_num_draft_tokens", None))
+    # the trial set (SGLANG_DDTREE_TRIAL_SET_FILE): malformed / widest width != num_draft_tokens /
+    # a schedule file as well -> ValueError
+    load_trial_set(getattr(cfg, "speculative_num_draft_tokens", None))
     if not getattr(cfg, "speculative_draft_model_path", None):
         raise ValueError("DDTREE requires --speculative-draft-model-path (the DFlash drafter).")
     if getattr(cfg, "speculative_dflash_block_size", None) is not None:
@@ -180,17 +195,44 @@ def _graph_spec_info_hook(original_fn, runner, *args, **kwargs):
 def _capture_decode_graph_hook(original_fn, *args, **kwargs):
     """AROUND ``cuda_graph_setup.capture_decode_graph(*, model_runner)``: with a
     budget schedule file, DDTREE's target-verify capture runs once per band
-    (:func:`capture_banded_verify_graphs`); everything else is untouched."""
+    (:func:`capture_banded_verify_graphs`); with a trial set once per verify width
+    (:func:`capture_trial_verify_graphs`), and the drafter's capture once per draft
+    budget (:func:`capture_trial_draft_graphs`: the worker leaves the plan on its
+    draft model runner as ``_ddtree_draft_capture`` before DFlash captures);
+    everything else is untouched."""
     mr = kwargs.get("model_runner", args[0] if args else None)
+    if getattr(mr, "is_draft_worker", False):
+        draft_capture = getattr(mr, "_ddtree_draft_capture", None)
+        if draft_capture is None:
+            return original_fn(*args, **kwargs)
+        plan, select_head = draft_capture
+        return capture_trial_draft_graphs(original_fn, mr, plan, select_head)
     algo = getattr(mr, "spec_algorithm", None)
-    if getattr(algo, "name", None) != ALGO_NAME or getattr(mr, "is_draft_worker", False):
+    if getattr(algo, "name", None) != ALGO_NAME:
         return original_fn(*args, **kwargs)
     from sglang.srt.runtime_context import get_spec
 
-    sched = load_schedule(get_spec().speculative_num_draft_tokens)
+    n = get_spec().speculative_num_draft_tokens
+    trials = load_trial_set(n)
+    if trials is not None:
+        return capture_trial_verify_graphs(original_fn, mr, trials)
+    sched = load_schedule(n)
     if sched.source is None:  # no schedule file: today's single capture
         return original_fn(*args, **kwargs)
     return capture_banded_verify_graphs(original_fn, mr, sched)
+
+
+def _internal_state_hook(original_fn, controller, state, *args, **kwargs):
+    """AROUND ``SchedulerInternalStateController._add_speculative(self, state)``
+    (``/server_info``'s ``internal_states``): adds ``state["ddtree"]``, the DDTree
+    worker's status (``DDTreeWorkerV2.ddtree_status``: active candidate, since
+    which decode step, captured widths / budgets)."""
+    out = original_fn(controller, state, *args, **kwargs)
+    worker = getattr(getattr(controller, "scheduler", None), "draft_worker", None)
+    status = getattr(worker, "ddtree_status", None)
+    if callable(status) and isinstance(state, dict):
+        state["ddtree"] = status()
+    return out
 
 
 def _register_hook(target: str, fn) -> None:
@@ -214,7 +256,8 @@ def register() -> None:
         )(_worker_factory)
         logger.info("sglang_ddtree: registered speculative algorithm %s", ALGO_NAME)
     for target, fn in ((DUMMY_VERIFY_TARGET, _dummy_verify_hook), (GRAPH_SPEC_INFO_TARGET, _graph_spec_info_hook),
-                       (CAPTURE_DECODE_TARGET, _capture_decode_graph_hook)):
+                       (CAPTURE_DECODE_TARGET, _capture_decode_graph_hook),
+                       (INTERNAL_STATE_TARGET, _internal_state_hook)):
         try:
             _register_hook(target, fn)
         except Exception:  # pragma: no cover

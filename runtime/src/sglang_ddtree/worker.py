@@ -66,6 +66,7 @@ from .config import budget_from_num_draft_tokens, read_block_size
 from .head import DraftTreeHead
 from .shards import draft_top_log_probs, draft_trees, merge_shard_tops, shard_top_logits  # noqa: F401  (re-exported)
 from .schedule import BudgetSchedule, load_schedule
+from .trialset import ActiveCandidate, load_trial_set
 from .tree import DDTrees, build_trees, build_trees_from_top
 from .verify import AcceptResult, build_verify_inputs, fill_custom_mask, greedy_accept, retrieve_links, sample_accept
 
@@ -182,6 +183,40 @@ class BandedDraftHead:
         return self.head_for(bs)(hidden_states, input_ids, root_tokens=root_tokens)
 
 
+class CaptureBudgetHead:
+    """The draft graph's capture tail hook under a trial set: a captured bs may be
+    routed to different budgets by different candidates, so the drafter is captured
+    once per draft budget (``bands.capture_trial_draft_graphs``), and before each
+    budget's capture ``select(budget)`` points this hook at that budget's head: each
+    draft graph folds in exactly one head."""
+
+    def __init__(self, heads: dict, block_size: int):
+        self.heads = heads  # budget -> DraftTreeHead
+        self.block = int(block_size)
+        self.capture_budget: Optional[int] = None
+
+    def select(self, budget: int) -> None:
+        if int(budget) not in self.heads:
+            raise RuntimeError(f"DDTREE: no draft head for budget {budget} (heads: {sorted(self.heads)})")
+        self.capture_budget = int(budget)
+
+    def __call__(self, hidden_states, input_ids=None, *, root_tokens=None):
+        if self.capture_budget is None:
+            raise RuntimeError("DDTREE: a draft graph was captured before a trial budget was selected")
+        return self.heads[self.capture_budget](hidden_states, input_ids, root_tokens=root_tokens)
+
+
+def tp_broadcast_int(group, value: int) -> int:
+    """``value`` of the group's first rank, on every rank: one int64 over the group's
+    CPU (gloo) group — no device work, no GPU sync (SGLang's ``GroupCoordinator``:
+    ``world_size``, ``ranks``, ``cpu_group``)."""
+    if group is None or int(getattr(group, "world_size", 1)) == 1:
+        return int(value)
+    t = torch.tensor([int(value)], dtype=torch.int64)
+    torch.distributed.broadcast(t, src=group.ranks[0], group=group.cpu_group)
+    return int(t.item())
+
+
 def check_shapes(budget: int, block_size: int) -> None:
     """The drafter's block and the verify window share each step's KV window: max(N, block)
     slots from the 2 x num-draft-tokens = 2N that DFlash's prepare_for_decode reserves per
@@ -239,11 +274,19 @@ def make_worker_class():
         def __init__(self, server_args, *args, **kwargs):
             spec = dfw.get_spec()
             self.ddtree_budget = budget_from_num_draft_tokens(spec.speculative_num_draft_tokens)
-            # the budget schedule (SGLANG_DDTREE_SCHEDULE_FILE), else one band at ddtree_budget;
-            # ddtree_budget = the widest band's budget (num_draft_tokens - 1)
-            self.ddtree_schedule = load_schedule(spec.speculative_num_draft_tokens)
+            # a trial set (SGLANG_DDTREE_TRIAL_SET_FILE): the active candidate's schedule serves,
+            # switched by the control file (ddtree_active, below); else the budget schedule
+            # (SGLANG_DDTREE_SCHEDULE_FILE), else one band at ddtree_budget.
+            # ddtree_budget = the widest width's budget (num_draft_tokens - 1)
+            self.ddtree_trials = load_trial_set(spec.speculative_num_draft_tokens)
+            if self.ddtree_trials is not None:
+                self.ddtree_schedule = self.ddtree_trials.schedules[self.ddtree_trials.active]
+            else:
+                self.ddtree_schedule = load_schedule(spec.speculative_num_draft_tokens)
+            self.ddtree_active = None
             self._ddtree_heads = {}
-            self._ddtree_active_band = None
+            self._ddtree_active_state = None  # the target state (band / verify width) applied last
+            self._ddtree_active_draft = None  # the drafter state (trial budget) applied last
             self.ddtree_band_log = []  # (bs, band index, budget) per decode step (tests / debugging)
             self.ddtree_block_size = read_block_size(spec.speculative_draft_model_path)
             check_shapes(self.ddtree_budget, self.ddtree_block_size)
@@ -266,6 +309,12 @@ def make_worker_class():
                 raise ValueError("DDTREE needs a plain DFlash drafter; Domino is not supported.")
             if getattr(self, "use_compact_draft_cache", False):
                 raise ValueError("DDTREE does not support --speculative-draft-window-size.")
+            if self.ddtree_trials is not None:
+                # the live switch: TP0 reads the control file, every rank applies its proposal
+                self.ddtree_active = ActiveCandidate.from_env(
+                    self.ddtree_trials, is_source=self._ddtree_tp_rank0(), broadcast=self._ddtree_tp_broadcast,
+                    log=logger.info)
+            self._ddtree_active_announced = False
 
         # -- DFlash hooks: the draft head; the verify gather ----------------
         def _maybe_build_draft_sampler(self):
@@ -278,6 +327,25 @@ def make_worker_class():
 
             graph_bs = [int(b) for b in get_exec().graph.cuda_graph_config.decode.bs]
             max_bs = max(graph_bs)
+            if self.ddtree_trials is not None:
+                # a trial set: one head per draft budget, sized for the bs some candidate routes
+                # to it; the drafter is captured once per budget with that budget's head
+                self._ddtree_sync_schedule_graph_bs()
+                if self.ddtree_trials.cuda_graph_bs is None:
+                    self.ddtree_trials.set_cuda_graph_bs(graph_bs)
+                for budget, bs_b, _ in self.ddtree_trials.draft_plan():
+                    bs_b = [b for b in (bs_b or []) if b in graph_bs]
+                    if bs_b:
+                        self._ddtree_precompile(self._ddtree_get_head(max(bs_b), budget=budget), bs_b)
+                self._ddtree_head_in_graph = True
+                self._ddtree_capture_head = CaptureBudgetHead(self._ddtree_heads, self.ddtree_block_size)
+                if self._ddtree_tp_rank0():
+                    logger.info(
+                        "DDTREE draft heads folded into the draft cuda graphs per trial budget: %s (draft graph bs %s).",
+                        ", ".join(f"budget {b}: max_bs {h._cap}" for b, h in sorted(self._ddtree_heads.items())),
+                        graph_bs,
+                    )
+                return self._ddtree_capture_head
             sched = self.ddtree_schedule
             if sched.source is not None:
                 # a schedule: one head per tree band, each sized for its band's
@@ -319,6 +387,13 @@ def make_worker_class():
             hook found) drive the routing, as ``set_cuda_graph_bs`` in SGLang's
             adaptive controller."""
             mr = getattr(self.target_worker, "model_runner", None)
+            if self.ddtree_trials is not None:
+                cap_trials = getattr(mr, "_ddtree_trials", None)
+                if cap_trials is not None and cap_trials is not self.ddtree_trials:
+                    if [c.bands for c in cap_trials.candidates] != [c.bands for c in self.ddtree_trials.candidates]:
+                        raise RuntimeError("DDTREE: the target captured a different trial set than the worker read.")
+                    self.ddtree_trials.set_cuda_graph_bs(cap_trials.cuda_graph_bs)
+                return
             cap_sched = getattr(mr, "_ddtree_schedule", None)
             if cap_sched is not None and cap_sched is not self.ddtree_schedule:
                 if cap_sched.bands != self.ddtree_schedule.bands:
@@ -329,6 +404,13 @@ def make_worker_class():
             """Band states exist when the plugin's capture hook ran (the target's
             startup capture).  If it did not (a platform without graph capture),
             build eager ones here: one attention backend per band width."""
+            mr = self.target_worker.model_runner
+            if self.ddtree_trials is not None:
+                if getattr(mr, "_ddtree_trial_states", None) is None:
+                    from .bands import capture_trial_verify_graphs
+
+                    capture_trial_verify_graphs(lambda model_runner: None, mr, self.ddtree_trials, graphs_on=False)
+                return
             sched = self.ddtree_schedule
             if sched.source is None or self._ddtree_band_states() is not None:
                 return
@@ -339,7 +421,14 @@ def make_worker_class():
 
         def init_cuda_graphs(self):
             """DFlash's draft graphs, captured only for the batch sizes of bands with
-            a tree (budget > 0); budget-0 bands never run the drafter."""
+            a tree (budget > 0); budget-0 bands never run the drafter.  A trial set:
+            once per draft budget (the plugin's capture hook reads the plan left on
+            the draft model runner)."""
+            if self.ddtree_trials is not None:
+                try:
+                    return self._ddtree_init_trial_draft_graphs()
+                finally:
+                    self._ddtree_announce_active()
             sched = self.ddtree_schedule
             if sched.source is None:
                 return super().init_cuda_graphs()
@@ -362,23 +451,95 @@ def make_worker_class():
             finally:
                 get_context().override("ddtree.draft_capture_restore", cuda_graph_config=gcfg)
 
+        def _ddtree_init_trial_draft_graphs(self):
+            from sglang.srt.model_executor.cuda_graph_config import with_phase
+            from sglang.srt.runtime_context import get_context, get_exec
+
+            self._ddtree_sync_schedule_graph_bs()
+            trials = self.ddtree_trials
+            plan = [(b, bs, users) for b, bs, users in trials.draft_plan() if bs]
+            if trials.cuda_graph_bs is None or not plan:  # graphs off (DFlash then captures nothing)
+                return super().init_cuda_graphs()
+            tree_bs = sorted({b for _, bs, _ in plan for b in bs})
+            gcfg = get_exec().graph.cuda_graph_config
+            dmr = self.draft_model_runner
+            # consumed by the plugin's capture hook on capture_decode_graph (the drafter's)
+            dmr._ddtree_draft_capture = (plan, lambda budget: self._ddtree_capture_head.select(budget))
+            get_context().override("ddtree.draft_capture", cuda_graph_config=with_phase(gcfg, "decode", bs=tree_bs))
+            try:
+                return super().init_cuda_graphs()
+            finally:
+                get_context().override("ddtree.draft_capture_restore", cuda_graph_config=gcfg)
+                dmr._ddtree_draft_capture = None
+
+        def _ddtree_announce_active(self):
+            """``DDTree active: <candidate> (since step 0)`` once, on TP0, when the
+            start-up captures are done (SGLang captures after building the workers)."""
+            if self.ddtree_active is not None and not self._ddtree_active_announced:
+                self._ddtree_active_announced = True
+                if self._ddtree_tp_rank0():
+                    logger.info(self.ddtree_active.active_line())
+
+        def _ddtree_begin_step(self):
+            """A trial set: count the decode step; at a meeting step, switch to what
+            TP0's control file proposes (same step on every rank).  The new candidate
+            routes this step already."""
+            if self.ddtree_active is None:
+                return
+            self._ddtree_announce_active()
+            self.ddtree_active.begin_step()
+            self.ddtree_schedule = self.ddtree_active.schedule
+
+        def _ddtree_tp_broadcast(self, value: int) -> int:
+            """TP0's proposal to every rank of the target's TP group (only at meeting steps)."""
+            from sglang.srt.runtime_context import get_parallel
+
+            return tp_broadcast_int(get_parallel().tp_group, value)
+
+        def ddtree_status(self) -> dict:
+            """The serving configuration (``/server_info`` -> ``internal_states[i]["ddtree"]``)."""
+            if self.ddtree_active is not None:
+                return dict(self.ddtree_active.status(), trial_set=True)
+            sched = self.ddtree_schedule
+            name = str(sched.bands[0].budget) if len(sched.bands) == 1 else sched.spec
+            return dict(active=name, trial_set=False)
+
+        def _ddtree_state_for(self, i: int, band):
+            """The target state serving band ``i`` of the active schedule: the band's
+            own (schedule), the state of its verify width (trial set)."""
+            mr = getattr(self.target_worker, "model_runner", None)
+            if self.ddtree_trials is not None:
+                states = getattr(mr, "_ddtree_trial_states", None)
+                return None if states is None else states[band.width]
+            states = self._ddtree_band_states()
+            return None if states is None else states[i]
+
         def _ddtree_activate_band(self, bs: int):
             """Route the batch to its band (AdaptiveSpeculativeParams._route) and
             apply the band's target state (as EAGLE's ``apply_runtime_state``:
-            attention backend + target-verify graph runner).  Returns the band."""
+            attention backend + target-verify graph runner); under a trial set also
+            the drafter's state of the band's budget (draft attention backend + the
+            draft graph runner whose graphs fold in that budget's head).  Returns the band."""
             sched = self.ddtree_schedule
             i = sched.band_index(bs)
-            states = self._ddtree_band_states()
-            if states is not None and self._ddtree_active_band != i:
-                st = states[i]
+            band = sched.bands[i]
+            st = self._ddtree_state_for(i, band)
+            if st is not None and st is not self._ddtree_active_state:
                 mr = self.target_worker.model_runner
                 mr.attn_backend = st.attn_backend
                 if st.graph_runner is not None:
                     mr.decode_cuda_graph_runner = st.graph_runner
-                self._ddtree_active_band = i
-            self.ddtree_band_log.append((int(bs), i, sched.bands[i].budget))
+                self._ddtree_active_state = st
+            if self.ddtree_trials is not None and band.budget > 0:
+                dst = (getattr(self.draft_model_runner, "_ddtree_draft_states", None) or {}).get(band.budget)
+                if dst is not None and dst is not self._ddtree_active_draft:
+                    self.draft_model_runner.attn_backend = dst.attn_backend
+                    if dst.graph_runner is not None:
+                        self.draft_model_runner.decode_cuda_graph_runner = dst.graph_runner
+                    self._ddtree_active_draft = dst
+            self.ddtree_band_log.append((int(bs), i, band.budget))
             del self.ddtree_band_log[:-1024]
-            return sched.bands[i]
+            return band
 
         def _defer_target_verify_gather(self):
             # Keep full (gathered) verify logits: eagle_sample consumes them.
@@ -598,7 +759,9 @@ def make_worker_class():
             if batch.seq_lens.is_cuda:  # carried over from the previous overlap iteration
                 batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
             bs = int(batch.seq_lens.shape[0])
-            # this step's band of the budget schedule (target backend / graph switched to it)
+            # a trial set: the control's meeting step may switch the candidate (all ranks alike)
+            self._ddtree_begin_step()
+            # this step's band of the (active) budget schedule (target backend / graph switched to it)
             B = int(self._ddtree_activate_band(bs).budget)
             N = B + 1
             blk = int(self.block_size)
