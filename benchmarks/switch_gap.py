@@ -1,6 +1,7 @@
 """What a switch costs (issue #35): drain, stop, start (per start-up phase), serving gap and aborted
 requests of a deploy, a rollback and a 2-budget tune on the lab host, at the lab's scale and
-projected to the site's (lab seconds x the emulator's time scale).
+projected to the site's (the start as the emulator modelled it at the site's scale; the drain and
+the stop as measured: the requests run in real time).
 
 Needs the lab (`opsctl lab up`) with the ar-tp8 baseline judged and live (its bench stored): e.g.
 `opsctl deploy ar-tp8 --yes --skip-checks -i inventories/lab`. Runs the CLI as a user would, then
@@ -122,8 +123,9 @@ def main() -> int:
                          "time_scale": rec.get("time_scale"),
                          **{k: rec.get(k) for k in ("drain_s", "stop_s", "start_s", "gap_s", "inflight_at_start",
                                                     "aborted")},
-                         "site": {k: (rec.get(k) * scale if rec.get(k) is not None else None)
-                                  for k in ("drain_s", "stop_s", "start_s", "gap_s")},
+                         # the start modelled at the site's scale, drain and stop as measured (opsctl.drain.site_figures)
+                         "site": rec.get("site") or {k: (rec.get(k) * scale if k == "start_s" and rec.get(k) is not None
+                                                         else rec.get(k)) for k in ("drain_s", "stop_s", "start_s", "gap_s")},
                          "start_phases_site_s": phases})
     requests = {st["name"]: {**st["requests"], "wall_s": round(st["wall_s"], 1)} for st in steps}
     if a.json:

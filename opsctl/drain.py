@@ -188,12 +188,24 @@ class Gap:
             "ready_at": self.ready_at, "pool_in_at": self.in_at}
         if self.time_scale:
             rec["time_scale"] = self.time_scale
-            rec["site"] = {k: (round(v * self.time_scale, 1) if v is not None else None)
-                           for k, v in (("drain_s", self.drain_s), ("stop_s", self.stop_s),
-                                        ("start_s", self.start_s), ("gap_s", self.gap_s))}
+            rec["site"] = site_figures(self.drain_s, self.stop_s, self.start_s, self.time_scale,
+                                       (self.startup or {}).get("total_s"))
         if self.startup:
             rec["startup"] = self.startup
         return rec
+
+
+def site_figures(drain_s: float | None, stop_s: float | None, start_s: float | None, time_scale: float,
+                 modelled_start_s: float | None) -> dict:
+    """A lab switch at the site's scale. Only the start is modelled at the site's scale (the
+    emulator's phases, `modelled_start_s` from its journal; else the lab's start x the scale);
+    the drain waits on requests that run in real time, and the stop is the drain's end and a
+    process exit: both as measured."""
+    start = (modelled_start_s if modelled_start_s is not None
+             else (start_s * time_scale if start_s is not None else None))
+    # the gap is the dark time, as in the lab: the stop and the start (the drain still serves)
+    return {"drain_s": drain_s, "stop_s": stop_s, "start_s": round(start, 1) if start is not None else None,
+            "gap_s": round((stop_s or 0.0) + start, 1) if start is not None else None}
 
 
 def describe(rec: dict) -> str:
@@ -202,9 +214,8 @@ def describe(rec: dict) -> str:
     if not rec:
         return "no switch recorded"
     gap = rec.get("gap_s")
-    scale = rec.get("time_scale")
-    line = (f"gap {human_s(gap)}" + (f" in the lab = {human_s(gap * scale)} at the site" if scale and gap is not None
-                                     else "")
+    site = (rec.get("site") or {}).get("gap_s") if rec.get("time_scale") else None
+    line = (f"gap {human_s(gap)}" + (f" in the lab = {human_s(site)} at the site" if site is not None else "")
             + f" (drain {human_s(rec.get('drain_s'))}, stop {human_s(rec.get('stop_s'))}, "
               f"start {human_s(rec.get('start_s'))})")
     line += f", {rec.get('inflight_at_start') or 0} in flight at the drain's start, {rec.get('aborted') or 0} aborted"

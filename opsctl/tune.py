@@ -92,7 +92,9 @@ class TuneResult:
                 "recommended_schedule": self.recommended_schedule,
                 "reason": self.reason, "restored": self.restored, "restore_s": round(self.restore_s, 1),
                 "report": self.report, "restore_gap": self.restore_gap,
-                "outage_s": round(sum(g.get("gap_s") or 0 for g in self.gaps), 2)}
+                "outage_s": round(sum(g.get("gap_s") or 0 for g in self.gaps), 2),
+                "outage_site_s": (round(sum((g.get("site") or {}).get("gap_s") or 0 for g in self.gaps), 1)
+                                  if any(g.get("site") for g in self.gaps) else None)}
 
 
 def parse_budgets(text: str) -> list[int]:

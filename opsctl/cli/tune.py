@@ -124,9 +124,12 @@ def register(app: typer.Typer) -> None:
                 _output.info(f"{t.label}: {describe(t.gap)}")
         if res.restore_gap:
             _output.info(f"restore: {describe(res.restore_gap)}")
-        _output.info(f"outage over the tune: {res.as_dict()['outage_s']:.1f} s"
-                     + (f" in the lab = {res.as_dict()['outage_s'] * res.gaps[0]['time_scale'] / 60:.0f} min at "
-                        f"the site" if res.gaps and res.gaps[0].get("time_scale") else ""))
+        from opsctl.startup import human_s
+
+        summary = res.as_dict()
+        _output.info(f"outage over the tune: {human_s(summary['outage_s'])}"
+                     + (f" in the lab = {human_s(summary['outage_site_s'])} at the site"
+                        if summary.get("outage_site_s") is not None else ""))
         for k, p in res.report.items():
             _output.info(f"wrote {k}: {p}")
         if applied:

@@ -153,9 +153,13 @@ def test_the_gap_record_carries_every_figure_and_the_site_scale():
         assert k in rec
     assert (rec["drain_s"], rec["stop_s"], rec["start_s"], rec["gap_s"]) == (2.5, 0.5, 4.1, 4.6)
     assert rec["out_of_pool_s"] == 7.3 and rec["aborted"] == 0
-    assert rec["site"]["gap_s"] == 2300.0
+    # no start-up phases read: the lab's start x the scale; the stop (a drain's end) as measured
+    assert rec["site"] == {"drain_s": 2.5, "stop_s": 0.5, "start_s": 2050.0, "gap_s": 2050.5}
     line = describe(rec)
-    assert line.startswith("gap 4.6 s in the lab = 38 min 20 s at the site")
+    assert line.startswith("gap 4.6 s in the lab = 34 min 10 s at the site")
+    g.startup = {"total_s": 391.0, "phases": []}   # the emulator's modelled start at the site's scale
+    assert g.record()["site"] == {"drain_s": 2.5, "stop_s": 0.5, "start_s": 391.0, "gap_s": 391.5}
+    assert describe(g.record()).startswith("gap 4.6 s in the lab = 6 min 32 s at the site")
     assert "4 in flight" in line and "0 aborted" in line
     g2 = Gap("rollback", "x", "y", 10.0)
     g2.out_at, g2.stop_at, g2.stopped_at, g2.ready_at = 0.0, 10.0, 11.0, 13.0
