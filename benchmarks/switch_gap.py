@@ -118,7 +118,9 @@ def main() -> int:
     for st in steps:
         for rec in st["records"]:
             scale = rec.get("time_scale") or 1.0
-            phases = (rec.get("startup") or {}).get("phases") or {}
+            raw = (rec.get("startup") or {}).get("phases") or []
+            # {phase: site seconds} (older records kept a mapping, newer ones a list of phases)
+            phases = raw if isinstance(raw, dict) else {p["phase"]: p.get("seconds") for p in raw if p.get("seconds")}
             rows.append({"operation": st["name"], "switch": rec.get("why"), "to": rec.get("to_release"),
                          "time_scale": rec.get("time_scale"),
                          **{k: rec.get(k) for k in ("drain_s", "stop_s", "start_s", "gap_s", "inflight_at_start",
