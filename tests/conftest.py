@@ -50,21 +50,21 @@ def _lab_unavailable() -> str | None:
 
 
 WHOLE_LAB_DIRS = ("tests/lab/",)   # modules that take the whole lab up or down: never beside other lab tests
-# Lab modules, longest first (seconds of one run on three workers, measured 2026-12-03: 445, 317,
-# 276, 216, 208, 165, 158, 108, 107, [twice: about 90], 88, 62, 31, 23): in parallel runs (`--dist loadfile
-# --no-loadscope-reorder`) the long ones start first and the short ones fill in at the end
-# (longest-processing-time-first; with LateFileScheduling below the three workers end within
-# about a minute of each other). Modules not listed run after these, in file order.
-LAB_MODULE_ORDER = ("tests/deploy/test_rollback_truth_lab.py", "tests/deploy/test_fleet_lab.py",
-                    "tests/watch/test_watch_lab.py", "tests/tune/test_tune_lab.py",
-                    "tests/deploy/test_drain_lab.py",
-                    "tests/gates/test_workloads_lab.py", "tests/gates/test_gates_lab.py",
-                    "tests/deploy/test_startup_lab.py",
-                    "tests/deploy/test_deploy_lab.py", "tests/watch/test_watch_soak_lab.py",
-                    "tests/deploy/test_interrupts_lab.py", "tests/deploy/test_twice_lab.py",
-                    "tests/checks/test_checks_lab.py",
-                    "tests/deploy/test_schedule_lab.py", "tests/wheelhouse/test_wheelhouse_lab.py",
-                    "tests/deploy/test_jump_host_lab.py")
+# Lab modules, longest first (seconds of one run on four workers, measured 2026-12-04: watch 603,
+# fleet 516, workloads 481, the three rollback-truth modules 477/452/381, startup 426, tune 351, deploy
+# 335, gates 313, checks 248, interrupts 213, drain 197, twice 185, soak 163, schedule 120, wheelhouse
+# 100, jump 55): in parallel runs (`--dist loadfile --no-loadscope-reorder`) the long ones start first
+# and the short ones fill in at the end (longest-processing-time-first; with LateFileScheduling below
+# the workers end within about a minute of each other). Modules not listed run after these, in file order.
+LAB_MODULE_ORDER = ("tests/watch/test_watch_lab.py", "tests/deploy/test_fleet_lab.py",
+                    "tests/gates/test_workloads_lab.py", "tests/deploy/test_truth_releases_lab.py",
+                    "tests/deploy/test_truth_guard_lab.py", "tests/deploy/test_startup_lab.py",
+                    "tests/deploy/test_truth_interrupts_lab.py", "tests/tune/test_tune_lab.py",
+                    "tests/deploy/test_deploy_lab.py", "tests/gates/test_gates_lab.py",
+                    "tests/checks/test_checks_lab.py", "tests/deploy/test_interrupts_lab.py",
+                    "tests/deploy/test_drain_lab.py", "tests/deploy/test_twice_lab.py",
+                    "tests/watch/test_watch_soak_lab.py", "tests/deploy/test_schedule_lab.py",
+                    "tests/wheelhouse/test_wheelhouse_lab.py", "tests/deploy/test_jump_host_lab.py")
 
 
 def pytest_xdist_make_scheduler(config, log):
