@@ -486,9 +486,12 @@ def plan_tune(inventory, budgets: list[int], *, concurrency: list[int] | None = 
                         f"{len(levels)} levels, too many to capture beside them")
         schedules = []
     problem = None if restart_per_trial else share_problem(host, profiles)
-    mode = RESTART_PER_TRIAL if restart_per_trial or problem else ONE_RESTART
+    # one budget and no schedule to build: its own release is the one trial, a trial set would add nothing
+    alone = len(budgets) == 1 and not schedules and not sched_reason
+    mode = RESTART_PER_TRIAL if restart_per_trial or problem or alone else ONE_RESTART
     mode_reason = ("--restart-per-trial" if restart_per_trial else
-                   f"the trials cannot share one server: {problem}" if problem else None)
+                   f"the trials cannot share one server: {problem}" if problem else
+                   f"one candidate (budget {budgets[0]}): its own release is the trial" if alone else None)
     trial_profile = None
     if mode == ONE_RESTART:
         trial_profile = host.profile(profile_name, trial_set=[str(b) for b in budgets] + schedules)

@@ -431,3 +431,12 @@ def test_a_restored_trial_release_serves_what_the_ledger_recorded_for_it():
     assert recorded_active(ledger, "ddtree-t4-8-x") == "8"
     assert recorded_active(ledger, "ddtree-t4-8-y") == "4"
     assert recorded_active(ledger, "ar-tp8-z") is None
+
+
+def test_a_single_candidate_is_its_own_trial_release(tmp_path):
+    plan = plan_tune(inventory(tmp_path), [16], concurrency=[1])
+    assert plan.mode == RESTART_PER_TRIAL and plan.trial_profile is None
+    assert plan.mode_reason == "one candidate (budget 16): its own release is the trial"
+    assert plan_restarts(plan, None, None, 30.0).restarts == 2
+    # with levels to build a schedule from, the one budget and its schedules share a trial release
+    assert plan_tune(inventory(tmp_path), [16], concurrency=[1, 32]).mode == ONE_RESTART
