@@ -1010,6 +1010,22 @@ class SshTuneHost:
             finally:
                 self._live = None
 
+        if profile.trial_set:
+            # the trial set's first candidate from the start, validation included: a control file left by an
+            # earlier tune of the same candidates would switch the new server at its first check (a live
+            # release that reads it too is being replaced; a restore writes its own choice back)
+            from opsctl import trialswitch
+            from opsctl.host.connection import connect
+            from opsctl.releases import HostLock
+            from opsctl.trialset import control_path
+
+            conn = connect(self.host)
+            try:
+                with HostLock(conn, self.host, "tune: the trial release's control file"):  # never under another run
+                    trialswitch.write_control(conn, control_path(self.host.install_root, profile.trial_set),
+                                              profile.trial_set[0])
+            finally:
+                conn.close()
         out = deploy_one(self.inv, self.host, profile, dry_run=False, gates=True, pre_checks=False,
                          progress=self.progress, confirm=None, trial=bench)
         return out.release, out.details.get("gap"), out.details["trial"]
