@@ -158,7 +158,8 @@ def main(argv=None) -> int:
     same = all(per[k] == one[k] for k in ("best", "schedule", "recommendation", "recommended_schedule"))
     print(f"per-level decisions: {'the same' if same else 'DIFFERENT'}: best {per['best']} vs {one['best']}; "
           f"schedule {per['schedule']} vs {one['schedule']}; recommendation "
-          f"{per['recommended_schedule'] or per['recommendation']} vs {one['recommended_schedule'] or one['recommendation']}")
+          f"{per['recommended_schedule'] or per['recommendation']} vs "
+          f"{one['recommended_schedule'] or one['recommendation']}")
     return 0
 
 

@@ -765,7 +765,8 @@ class _Run:
             done = {t.candidate for t in self.trials}
             for b in plan.budgets:
                 if str(b) not in done:
-                    self.trials.append(TrialResult(b, None, f"failed: {exc.problem}", deploy_s=time.monotonic() - t_deploy))
+                    self.trials.append(TrialResult(b, None, f"failed: {exc.problem}",
+                                                   deploy_s=time.monotonic() - t_deploy))
             if not any(t.status == "measured" for t in self.trials):
                 self.say("no candidate was measured on the trial release; 'opsctl tune --restart-per-trial' tries "
                          "each budget on a release of its own (less memory per start)")

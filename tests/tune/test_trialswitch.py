@@ -179,6 +179,6 @@ def test_a_server_without_ddtree_state_is_named_as_such(tmp_path):
                          "error": "ConnectionRefusedError: [Errno 111] Connection refused"})
     with pytest.raises(CheckFailed) as exc:
         trialswitch.parse_wait(sw_out + "\n", "8", 2.0)
-    assert exc.value.problem == ("no switch to 8 within 2 s: /server_info shows no DDTree state (ConnectionRefusedError: "
-                                 "[Errno 111] Connection refused)")
+    assert exc.value.problem == ("no switch to 8 within 2 s: /server_info shows no DDTree state "
+                                 "(ConnectionRefusedError: [Errno 111] Connection refused)")
     assert "--restart-per-trial" in exc.value.fix

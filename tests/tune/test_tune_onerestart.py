@@ -167,7 +167,8 @@ def levels_of(candidate: str, levels, capture_bs) -> dict[int, LevelResult]:
 
 
 def run(tmp_path, budgets=(4, 8, 16), extra="", **kw):
-    host_kw = {k: kw.pop(k) for k in list(kw) if k in ("fail_start", "fail_switch", "die_on", "interrupt_on", "gate_ok")}
+    doubles = ("fail_start", "fail_switch", "die_on", "interrupt_on", "gate_ok")
+    host_kw = {k: kw.pop(k) for k in list(kw) if k in doubles}
     plan = plan_tune(inventory(tmp_path, extra), list(budgets), concurrency=LEVELS, **kw)
     fake = FakeHost(plan, **host_kw)
     return plan, fake, tune(inventory(tmp_path, extra), plan, ops=fake)

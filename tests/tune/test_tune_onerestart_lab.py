@@ -106,7 +106,8 @@ def test_one_restart_tune_reaches_the_restart_per_trial_decisions_with_one_resta
 
     # every candidate measured on the one trial release, switched to live (the runtime's status said so)
     measured = [t for t in one["trials"] if t["status"] == "measured"]
-    assert [t["schedule"] or t["budget"] for t in one["trials"]] == [t["schedule"] or t["budget"] for t in per["trials"]]
+    names = [t["schedule"] or t["budget"] for t in one["trials"]]
+    assert names == [t["schedule"] or t["budget"] for t in per["trials"]]
     assert len(measured) == len(one["trials"]) and len({t["release"] for t in measured}) == 1
     assert measured[0]["release"].startswith("ddtree-t4-8-16-s")
     assert all(t["live_switch"]["candidate"] == (t["schedule"] or str(t["budget"])) for t in measured)
