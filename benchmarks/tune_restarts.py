@@ -10,9 +10,10 @@ are the switch records (`action: switch`) it left in the host's ledger (`opsctl 
 from the run's start on; the same records as the result's `switches`): `gap_s` is a restart's
 serving gap in the lab, `time_scale` the lab's (its emulator runs a start that many times faster
 than the site; its benches run in real time). The projection to the site keeps the lab's wall
-time but for the gaps, each replaced by its site figure (gap_s x time_scale):
+time but for the gaps, each replaced by its site figure (the record's `site.gap_s`: the stop as
+measured and the start as the emulator modelled it at the site's scale, opsctl.drain.site_figures):
 
-    site wall = lab wall - sum(gap_s) + sum(gap_s x time_scale)
+    site wall = lab wall - sum(gap_s) + sum(site.gap_s)
 
 Target: the one-restart tune makes 1 restart for its trials instead of N + 1 (the budgets and the
 schedule), and takes at least 3x less wall time at the site's scale. The per-level decisions of both
@@ -38,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from opsctl.drain import human_s  # noqa: E402
+from opsctl.tune import site_s  # noqa: E402
 
 TARGET_RATIO = 3.0
 MODES = (("restart-per-trial", ["--restart-per-trial"]), ("one-restart", []))
@@ -89,7 +91,7 @@ def run_tune(inv: Path, mode: str, flags: list[str], budgets: str, out: Path) ->
     result = docs[-1]
     records = switch_records(inv, t0)
     gap_lab = sum(r.get("gap_s") or 0 for r in records)
-    gap_site = sum((r.get("gap_s") or 0) * (r.get("time_scale") or 1.0) for r in records)
+    gap_site = sum(site_s(r) or 0 for r in records)
     scales = sorted({r["time_scale"] for r in records if r.get("time_scale")})
     return {"mode": mode, "wall_lab_s": round(wall, 1), "restarts": len(records),
             "trial_restarts": sum(1 for r in records if r.get("why") == "trial"),
