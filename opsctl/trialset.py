@@ -30,8 +30,8 @@ from opsctl import schedule as schedule_mod
 from opsctl.errors import ConfigError
 
 TRIAL_SET_FILE = "ddtree-trialset.json"
-TRIAL_SET_ENV = "SGLANG_DDTREE_TRIAL_SET_FILE"
-CONTROL_ENV = "SGLANG_DDTREE_CONTROL_FILE"
+TRIAL_SET_ENV = schedule_mod.TRIAL_SET_ENV   # the runtime's names, kept in opsctl.schedule
+CONTROL_ENV = schedule_mod.CONTROL_ENV
 CONTROL_DIR = "shared/control"   # under the install root; the prepare play makes it, owned by the service user
 _BUDGET = re.compile(r"^\s*\d+\s*$")
 EXAMPLE = "4,8,16 1:16,6:0"
@@ -47,8 +47,7 @@ def canonical(candidate: str | int, *, what: str = "--trial-set") -> str:
             raise ConfigError(f"{what}: budget {budget} alone drafts nothing (a lone budget 0 is no candidate)",
                               "use budget 0 as a band of a schedule, e.g. 1:16,6:0")
         return str(budget)
-    sched = schedule_mod.parse(text, what=what)
-    return str(sched.bands[0].budget) if len(sched.bands) == 1 else sched.text
+    return schedule_mod.candidate_name(schedule_mod.parse(text, what=what))
 
 
 def budgets_of(candidate: str) -> list[int]:
@@ -112,7 +111,7 @@ def max_budget(candidates: list[str] | tuple[str, ...]) -> int:
 
 def draft_budgets(candidates: list[str] | tuple[str, ...]) -> list[int]:
     """Distinct budgets > 0 (one draft head each in the runtime), smallest first."""
-    return sorted({b for c in candidates for b in budgets_of(c) if b > 0})
+    return sorted(schedule_mod.trial_draft_budgets(candidates))
 
 
 def trial_set_json(candidates: list[str] | tuple[str, ...], active: str | None = None) -> str:

@@ -15,6 +15,7 @@ imports (`from .schedule import ...`) resolve there and `sglang_ddtree/__init__.
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -30,7 +31,9 @@ def module(name: str):
     if name not in PURE_MODULES:
         raise ValueError(f"{name}: the emulator loads only the runtime's pure modules {PURE_MODULES}")
     if _ALIAS not in sys.modules:
-        spec = importlib.util.find_spec(RUNTIME_PACKAGE)   # finds the package without importing it
+        # on sys.path, not sys.modules: finds the package without importing it (and past a
+        # stand-in module of that name a test or a host may have registered)
+        spec = importlib.machinery.PathFinder.find_spec(RUNTIME_PACKAGE)
         if spec is None or not spec.submodule_search_locations:
             raise ModuleNotFoundError(f"No module named '{RUNTIME_PACKAGE}'", name=RUNTIME_PACKAGE)
         pkg = types.ModuleType(_ALIAS, f"stand-in for {RUNTIME_PACKAGE} (pure modules only)")
