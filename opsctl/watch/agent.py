@@ -52,6 +52,9 @@ import urllib.request
 EVENT_SCHEMA = "opsctl.watch.event/1"
 STATE_VERSION = 1
 READY_LINE = "The server is fired up and ready to roll!"
+# bytes a switch needs free under the install root (its links, the ledger's records): the
+# controller's opsctl.flow.switch.SWITCH_ROOM, kept here because this program is stdlib-only
+SWITCH_ROOM = 16 << 20
 
 # SGLang 0.5.23 metric names (srt/observability/metrics_collector.py)
 M_ACCEPT = "sglang:spec_accept_length"
@@ -783,6 +786,13 @@ class Watch:
                                                                 breaches=numbers, switched=False, ledger=rec))
             self.save_state()
             return
+        # no room: no drain and no switch (a drained server whose switch then fails on a full disk
+        # would leave the watch tripped on a failed rollback); the tick fails, the next one retries
+        free = os.statvfs(self.root).f_bavail * os.statvfs(self.root).f_frsize
+        if free < SWITCH_ROOM:
+            self.state["last"]["note"] = (f"breach, but {free >> 20} MiB free under {self.root}: no switch without "
+                                          f"{SWITCH_ROOM >> 20} MiB of room")
+            raise OSError(errno.ENOSPC, f"{self.state['last']['note']} (No space left on device)")
         lock = HostLock(self.root, "watch rollback")
         if not lock.acquire(wait_s=2.0):
             self.state["last"]["note"] = "breach, but the deploy lock is held (a deploy or rollback is running)"

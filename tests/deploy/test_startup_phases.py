@@ -16,6 +16,7 @@ import pytest
 
 from hostdirs import host_config, make_current, read_ledger, release, write_ledger
 from opsctl import startup
+from startup_journals import clock_journal
 from opsctl.config import Inventory
 from opsctl.drain import Gap
 from opsctl.flow import deploy, inspect
@@ -33,25 +34,6 @@ SLOW = (DATA / "lab_emulator_ddtree_b16_slow_start.log").read_text()  # slow_sta
 def _record(text: str, profile: str = "ddtree-b16") -> dict:
     return startup.parse(text).as_record(profile)
 
-
-def _real_start(load_s: int = 36, warm_s: int = 180) -> str:
-    """A real server's start (no lab scale): SGLang 0.5.23's lines with timestamps, an AR profile."""
-    t = [0]
-
-    def at(dt):
-        t[0] += dt
-        m, s = divmod(t[0], 60)
-        return f"2026-12-01 10:{m:02d}:{s:02d}"
-
-    return "\n".join([
-        f"[{at(0)}] server_args=ServerArgs(model_path='/srv/m', tp_size=8)",
-        f"[{at(5)} TP0] Load weight begin. avail mem=94.61 GB",
-        f"[{at(load_s)} TP0] Load weight end. elapsed={load_s}.00 s, type=X, avail mem=21.00 GB, mem usage=73.61 GB.",
-        f"[{at(1)} TP0] Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, avail mem=13.07 GB",
-        f"[{at(200)} TP0] Capture target decode CUDA graph end. bs=[1, 2, 4], elapsed=200.00 s, mem usage=0.5 GB, "
-        "avail mem=12.5 GB.",
-        f"[{at(2)}] INFO:     Uvicorn running on http://0.0.0.0:30000 (Press CTRL+C to quit)",
-        f"[{at(warm_s)}] The server is fired up and ready to roll!"])
 
 
 # --------------------------------------------------------------------------- the block's wording
@@ -80,7 +62,7 @@ def test_a_ddtree_start_without_a_compile_line_says_the_cache_was_complete():
 
 
 def test_a_real_start_is_at_the_site_scale_and_has_no_lab_line_nor_a_compile_to_miss():
-    lines = startup.describe(_record(_real_start(), "ar-tp8"))
+    lines = startup.describe(_record(clock_journal(), "ar-tp8"))
     assert lines == ["start-up 7 min 4 s, ar-tp8: weight load 36.0 s · target decode graphs (bs 1-4) 3 min 20 s · "
                      "warm-up 3 min · other (process start, NCCL, KV cache) 8.0 s"]
 
@@ -268,7 +250,7 @@ def fleet(tmp_path, monkeypatch):
     slow["slower"] = {**cmp.as_dict(), "finding": cmp.finding().model_dump()}
     write_ledger(root,
                  {"ts": "2026-12-01T00:10:00Z", "action": "switch", "result": "ok", "why": "deploy",
-                  "to_release": "ar-tp8-base000000", "startup": _record(_real_start(), "ar-tp8")},
+                  "to_release": "ar-tp8-base000000", "startup": _record(clock_journal(), "ar-tp8")},
                  {"ts": "2026-12-01T00:20:00Z", "action": "promote", "result": "ok", "to_release": "ar-tp8-base000000"},
                  {"ts": "2026-12-02T00:10:00Z", "action": "switch", "result": "ok", "why": "deploy",
                   "to_release": "ddtree-b16-live000000", "startup": _record(COLD)},

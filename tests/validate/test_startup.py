@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from opsctl import startup
+from startup_journals import clock_journal
 
 DATA = Path(__file__).parent / "data" / "startup"
 
@@ -59,36 +60,17 @@ def test_emulator_start_with_a_filled_triton_cache_has_no_compile():
     assert s.phase("draft_capture width 8").seconds == 27.57 and s.total_s == 443.25
 
 
-def _clock_journal(load_s: int, warm_s: int) -> str:
-    """A start on the clock: systemd's Started, 0.5.23's lines, ready (every figure from timestamps
-    except SGLang's own elapsed fields)."""
-    t = [0]
-
-    def at(dt):
-        t[0] += dt
-        m, s = divmod(t[0], 60)
-        return f"2026-12-01 10:{m:02d}:{s:02d}"
-
-    return "\n".join([
-        f"[{at(0)}] server_args=ServerArgs(model_path='/srv/m', tp_size=8)",
-        f"[{at(5)} TP0] Load weight begin. avail mem=94.61 GB",
-        f"[{at(load_s)} TP0] Load weight end. elapsed={load_s}.00 s, type=X, avail mem=21.00 GB, mem usage=73.61 GB.",
-        f"[{at(1)} TP0] Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, avail mem=13.07 GB",
-        f"[{at(200)} TP0] Capture target decode CUDA graph end. bs=[1, 2, 4], elapsed=200.00 s, mem usage=0.5 GB, avail mem=12.5 GB.",
-        f"[{at(2)}] INFO:     Uvicorn running on http://0.0.0.0:30000 (Press CTRL+C to quit)",
-        f"[{at(warm_s)}] The server is fired up and ready to roll!"])
-
 
 def test_clock_phases_of_a_real_start():
-    s = startup.parse(_clock_journal(36, 180))
+    s = startup.parse(clock_journal(36, 180))
     assert s.total_source == "clock" and s.total_s == 424.0 and s.time_scale is None
     assert {p.key: p.seconds for p in s.phases} == {"weight_load": 36.0, "capture target decode width 1": 200.0,
                                                      "warmup": 180.0, "other": 8.0}
 
 
 def test_compare_names_the_slower_phase():
-    prev = startup.parse(_clock_journal(36, 180))
-    cur = startup.parse(_clock_journal(200, 180))     # +164 s of weight loading: 588 s, +39 %
+    prev = startup.parse(clock_journal(36, 180))
+    cur = startup.parse(clock_journal(200, 180))     # +164 s of weight loading: 588 s, +39 %
     res = startup.compare(prev, cur, profile="ar-tp8")
     assert res.slower and res.phase == "weight_load" and res.deltas["weight_load"] == 164.0
     f = res.finding()
@@ -102,16 +84,16 @@ def test_compare_names_the_slower_phase():
     res = startup.compare(cached, cold)
     assert not res.slower and res.phase == "compile budget 16" and res.finding().ok
     # exactly at the threshold counts; no previous start: nothing to say
-    assert startup.compare(prev, startup.parse(_clock_journal(36 + 128, 180))).slower       # 552 s >= 1.3 x 424
-    assert not startup.compare(prev, startup.parse(_clock_journal(36 + 127, 180))).slower   # 551 s < 551.2
+    assert startup.compare(prev, startup.parse(clock_journal(36 + 128, 180))).slower       # 552 s >= 1.3 x 424
+    assert not startup.compare(prev, startup.parse(clock_journal(36 + 127, 180))).slower   # 551 s < 551.2
     assert not startup.compare(None, cur).slower and startup.compare(None, cur).finding().ok
 
 
 def test_last_start_of_a_journal_with_two():
-    two = (("Dec 01 10:00:00 gpuhost systemd[1]: Started sglang-k26.service - SGLang.\n" + _clock_journal(36, 180))
+    two = (("Dec 01 10:00:00 gpuhost systemd[1]: Started sglang-k26.service - SGLang.\n" + clock_journal(36, 180))
            + "\nDec 01 10:20:00 gpuhost systemd[1]: Stopping sglang-k26.service - SGLang...\n"
            + "Dec 01 10:20:01 gpuhost systemd[1]: Started sglang-k26.service - SGLang.\n"
-           + _clock_journal(50, 180).replace("10:", "11:"))
+           + clock_journal(50, 180).replace("10:", "11:"))
     s = startup.parse(two)
     assert s.phase("weight_load").seconds == 50.0
 

@@ -102,3 +102,32 @@ def test_status_says_failing_when_ticks_stop_completing(monkeypatch):
     from opsctl.watch import summary
     assert summary({"unit": {"ActiveState": "active"}, "last": st["last"], "failing": f})["state"] == "failing"
     assert summary({"unit": {"ActiveState": "active"}, "last": st["last"], "failing": None})["state"] == "idle"
+
+
+def test_no_room_means_no_drain_no_switch_and_no_trip(tmp_path, monkeypatch):
+    """A breach on a full disk: the watch neither drains nor switches (a drained server whose switch
+    then failed left it tripped on a failed rollback, for good); the tick fails and the next one,
+    with room again, acts."""
+    root = tmp_path / "root"
+    root.mkdir()
+    cfg = {"root": str(root), "unit": "sglang-k26.service", "service": "sglang-k26", "port": 1,
+           "state_dir": str(tmp_path / "state"), "host": "h", "mode": "rollback", "window_s": 60, "interval_s": 15,
+           "baseline_profile": "ar-tp8", "ready_timeout_s": 5, "notify": {}}
+    w = agent.Watch(cfg)
+    w.state["last"] = {}
+    calls = []
+    real_statvfs = os.statvfs
+    full = type("Full", (), {"f_bavail": 8, "f_frsize": 1 << 20})()     # 8 MiB free
+    monkeypatch.setattr(agent.os, "statvfs", lambda p: full if str(p) == str(root) else real_statvfs(p))
+    monkeypatch.setattr(agent, "drain_server", lambda *a, **k: calls.append("drain") or {})
+    monkeypatch.setattr(agent, "_run", lambda argv, timeout=30, **kw: calls.append("switch")
+                        or subprocess.CompletedProcess(argv, 0, "", ""))
+    monkeypatch.setattr(agent, "append_ledger", lambda *a, **k: calls.append("ledger") or {})
+    manifests = {"base-1": {"profile": {"name": "ar-tp8"}, "created_at": "1"},
+                 "dd-2": {"profile": {"name": "ddtree", "budget": 16}, "created_at": "2"}}
+    breach = [{"rule": "accept_len", "status": "breach", "detail": "1.2 < 2.0"}]
+    with pytest.raises(OSError) as e:
+        w.act("dd-2", manifests["dd-2"], manifests, [], breach, 0.0)
+    assert e.value.errno == errno.ENOSPC and "No space left on device" in str(e.value)
+    assert calls == [] and not w.state.get("tripped") and _lock_is_free(root)
+    assert "8 MiB free" in w.state["last"]["note"]

@@ -370,7 +370,7 @@ def test_a_breach_on_a_full_disk_is_shown_failing_and_acted_on_once_there_is_roo
             lab.run("rm -f /var/tmp/opsctl-fill /var/tmp/opsctl-fill2")
         switched = wait_for(lambda: current(lab) == base, WINDOW + 60)
     load.stop(node=lab.node)
-    assert switched, watch_status(ops, wl.inv)["summary"]
+    assert switched, (watch_status(ops, wl.inv)["summary"], [(r.get("action"), r.get("result"), r.get("reason"), r.get("error")) for r in ledger(lab)[-3:]])
     rec = [r for r in ledger(lab) if r["action"] == "rollback"][-1]
     assert rec["from_release"] == ddt["release"] and rec["who"].startswith("opsctl-watch@") and rec["result"] == "ok"
     assert lab.run("flock -n /opt/opsctl/.lock true", check=False).returncode == 0
