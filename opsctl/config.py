@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from opsctl import schedule as schedule_mod
+from opsctl import trialset as trialset_mod
 from opsctl.errors import ConfigError
 from opsctl.gates import GatePolicy  # gates.py imports nothing from config (no cycle)
 from opsctl.host.ssh import SSHSettings
@@ -86,6 +87,9 @@ class Profile(_Strict):
                                         "'1:32,8:16,32:8,64:0' (opsctl/schedule.py); budget is its largest")
     tree_torch_fallback: bool = Field(False, description="allow schedule budgets above the fused tree kernel's "
                                       "64 (the runtime then builds those trees with the slower torch beam)")
+    trial_set: tuple[str, ...] | None = Field(None, description="DDTree trial release (opsctl tune): every candidate "
+                                              "budget and schedule captured at one start, switched live by a control "
+                                              "file (opsctl/trialset.py); budget is their largest")
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
 
@@ -109,6 +113,18 @@ class Profile(_Strict):
             if self.budget != sched.max_budget:
                 raise ValueError(f"profile {self.name}: budget {self.budget} is not the schedule's largest "
                                  f"({sched.max_budget}); the server is sized for the widest band")
+        if self.trial_set is not None:
+            if self.kind != "ddtree":
+                raise ValueError(f"profile {self.name}: trial_set only applies to ddtree profiles")
+            if self.budget_schedule is not None:
+                raise ValueError(f"profile {self.name}: a trial set carries its schedules as candidates "
+                                 "(the runtime refuses a schedule file beside it)")
+            if not self.trial_set:
+                raise ValueError(f"profile {self.name}: trial_set has no candidates")
+            largest = trialset_mod.max_budget(self.trial_set)
+            if self.budget != largest:
+                raise ValueError(f"profile {self.name}: budget {self.budget} is not the trial set's largest "
+                                 f"({largest}); the server is sized for the widest width")
         if self.kind == "autoregressive" and self.accept_len_floor is not None:
             raise ValueError(f"profile {self.name}: accept_len_floor only applies to speculative profiles "
                              "(an autoregressive server reports no accept length)")
@@ -148,12 +164,18 @@ class Profile(_Strict):
 
     @property
     def label(self) -> str:
+        if self.trial_set:
+            return f"{self.name} --trial-set {trialset_mod.describe(self.trial_set)}"
         if self.budget_schedule:
             return f"{self.name} --budget-schedule {self.budget_schedule}"
         return f"{self.name} --budget {self.budget}" if self.kind == "ddtree" else self.name
 
     @property
     def slug(self) -> str:
+        if self.trial_set:  # 4,8,16 + 12 schedules -> t4-8-16-s12
+            budgets = [c for c in self.trial_set if not trialset_mod.is_schedule(c)]
+            scheds = len(self.trial_set) - len(budgets)
+            return f"{self.name}-t" + "-".join(budgets or ["0"]) + (f"-s{scheds}" if scheds else "")
         if self.budget_schedule:  # 1:32,8:16 -> s1b32-8b16
             return f"{self.name}-s" + "-".join(p.replace(":", "b") for p in self.budget_schedule.split(","))
         return f"{self.name}-b{self.budget}" if self.kind == "ddtree" else self.name
@@ -382,6 +404,19 @@ class DrainSettings(_Strict):
         return int(max(120, math.ceil(self.deadline_s or DRAIN_DEADLINE_MAX_S) + 60))
 
 
+class TuneSettings(_Strict):
+    """`opsctl.tune`: what `opsctl tune` leaves serving when it is not told to apply its result, and
+    how long it waits for a live switch between the candidates of its trial release (opsctl/tune.py)."""
+
+    restore: Literal["previous", "keep-trial"] = Field(
+        "previous", description="previous: the release that served before the tune serves again (one restart); "
+        "keep-trial: the trial release keeps serving, switched live to the recommendation (no restart; it stays "
+        "unjudged, never the last good release); a tune with nothing to recommend restores either way")
+    switch_timeout_s: float = Field(120.0, gt=0, le=3600, description="longest wait for the trial release to serve "
+                                    "the next candidate after its control file names it (warm-up requests are "
+                                    "sent meanwhile: the switch applies at a decode step)")
+
+
 _SERIAL_PCT = re.compile(r"(\d+)%")
 
 
@@ -457,6 +492,7 @@ class HostSettings(_Strict):
     watch: WatchSettings = Field(default_factory=WatchSettings)
     rollout: RolloutPolicy = Field(default_factory=RolloutPolicy)
     drain: DrainSettings = Field(default_factory=DrainSettings)
+    tune: TuneSettings = Field(default_factory=TuneSettings)
 
     @field_validator("service_name")
     @classmethod
@@ -543,8 +579,10 @@ class HostConfig(_Strict):
                 **policy.accept_length_floor, profile.kind: profile.accept_len_floor}})
         return policy
 
-    def profile(self, name: str, budget: int | None = None, budget_schedule: str | None = None) -> Profile:
-        profile = resolve_profile(name, budget, overrides=self.settings.profiles, budget_schedule=budget_schedule)
+    def profile(self, name: str, budget: int | None = None, budget_schedule: str | None = None, *,
+                trial_set: list[str] | tuple[str, ...] | None = None) -> Profile:
+        profile = resolve_profile(name, budget, overrides=self.settings.profiles, budget_schedule=budget_schedule,
+                                  trial_set=trial_set)
         if profile.tp_size > self.gpu.count:  # hosts of a fleet differ (host_vars): refused before any host I/O
             raise ConfigError(f"profile {profile.label} runs tensor-parallel over {profile.tp_size} GPUs; host "
                               f"{self.name} has opsctl.gpu.count {self.gpu.count}",
@@ -598,10 +636,12 @@ def profile_names(overrides: dict[str, dict[str, Any]] | None = None) -> list[st
 
 def resolve_profile(name: str, budget: int | None = None, *,
                     overrides: dict[str, dict[str, Any]] | None = None,
-                    budget_schedule: str | None = None) -> Profile:
+                    budget_schedule: str | None = None,
+                    trial_set: list[str] | tuple[str, ...] | None = None) -> Profile:
     """Built-in profile `name`, with the inventory's overrides and the CLI budget (or
-    budget schedule) applied. A schedule is checked against the batch sizes the server
-    will capture, so a band that could never run is refused here, before any host I/O."""
+    budget schedule, or trial set: opsctl tune's candidates captured at one start) applied. A
+    schedule is checked against the batch sizes the server will capture, so a band that could
+    never run is refused here, before any host I/O."""
     overrides = overrides or {}
     cli_budget = budget
     if name not in BUILTIN_PROFILES and name not in overrides:
@@ -616,11 +656,21 @@ def resolve_profile(name: str, budget: int | None = None, *,
     if budget is not None and budget_schedule is not None:
         raise ConfigError("--budget and --budget-schedule both given",
                           "use one: --budget N is the one-band schedule 1:N")
-    for flag, value in (("--budget", budget), ("--budget-schedule", budget_schedule)):
+    if trial_set is not None and (budget is not None or budget_schedule is not None):
+        raise ConfigError("--trial-set with --budget or --budget-schedule",
+                          "use one: a trial set lists its budgets and schedules as candidates")
+    for flag, value in (("--budget", budget), ("--budget-schedule", budget_schedule), ("--trial-set", trial_set)):
         if value is not None and kind != "ddtree":
             raise ConfigError(f"{flag} applies only to ddtree profiles, not {name!r} ({kind})",
                               f"drop {flag}, or deploy 'ddtree {flag} {value}'")
-    if kind == "ddtree":
+    if kind == "ddtree" and trial_set is not None:
+        trial_set = tuple(trialset_mod.canonical(c) for c in trial_set)
+        data["trial_set"] = trial_set
+        data.pop("budget_schedule", None)
+        budget = trialset_mod.max_budget(trial_set)
+    elif kind == "ddtree":
+        data.pop("trial_set", None)
+    if kind == "ddtree" and trial_set is None:
         sched_text = budget_schedule
         if sched_text is None and budget is None:
             sched_text = data.get("budget_schedule")
@@ -636,6 +686,7 @@ def resolve_profile(name: str, budget: int | None = None, *,
         if budget is None:
             raise ConfigError(f"profile {name!r} needs --budget N or --budget-schedule (DDTree's node budget)",
                               f"e.g. 'opsctl deploy {name} --budget 16'")
+    if kind == "ddtree":
         if budget < 1 or budget > MAX_BUDGET:
             raise ConfigError(f"--budget {budget} is out of range: a DDTree budget is 1..{MAX_BUDGET} "
                               "nodes (verify width is budget + 1)", "use e.g. --budget 16")
@@ -644,7 +695,8 @@ def resolve_profile(name: str, budget: int | None = None, *,
             # the runtime's check (runtime worker.check_shapes): the drafter block and the verify window
             # share the 2 x (budget + 1) KV slots DFlash reserves per request and step
             what = (f"--budget-schedule {data['budget_schedule']}: its largest budget {budget}"
-                    if data.get("budget_schedule") else f"--budget {budget}")
+                    if data.get("budget_schedule") else f"--trial-set: its largest budget {budget}"
+                    if data.get("trial_set") else f"--budget {budget}")
             raise ConfigError(f"{what} is too small for the drafter's block of {block}: the runtime reserves "
                               f"2 x (budget + 1) = {2 * (budget + 1)} KV slots per request and step and the "
                               f"block needs {block}", f"use a budget of at least {(block + 1) // 2 - 1}")
@@ -655,7 +707,10 @@ def resolve_profile(name: str, budget: int | None = None, *,
         raise ConfigError(f"profile {name!r}: {_first_error(exc)}",
                           "fix opsctl.profiles in the inventory's group_vars/host_vars") from None
     sched = prof.schedule
-    if sched is not None:
+    if prof.trial_set is not None:  # every candidate as the runtime checks it at start
+        trialset_mod.check_candidates(prof.trial_set, capture_bs=prof.captured_batch_sizes,
+                                      allow_torch_beam=prof.tree_torch_fallback)
+    elif sched is not None:
         schedule_mod.check_for_server(sched, capture_bs=prof.captured_batch_sizes,
                                       allow_torch_beam=prof.tree_torch_fallback,
                                       what="--budget-schedule" if budget_schedule is not None else "budget_schedule")
@@ -1142,6 +1197,10 @@ def _host_config(name: str, groups: tuple[str, ...], merged: dict, directory: Pa
                               f"rename it to {close[0]!r}" if close else
                               f"override one of {', '.join(BUILTIN_PROFILES)}, or give a new profile a kind "
                               "(autoregressive, dflash, ddtree)")
+        if "trial_set" in parsed.profiles[pname]:
+            raise ConfigError(f"{head.of('profiles', pname, 'trial_set')}: opsctl.profiles.{pname}.trial_set is "
+                              "set by 'opsctl tune' for its trial release, not in the inventory",
+                              "remove it; 'opsctl tune ddtree --budgets 4,8,16' captures the candidates at one start")
         if data.get("kind") == "ddtree" and "budget" not in data:
             data["budget"] = 1  # budget comes from the CLI; validate the rest
         try:

@@ -41,6 +41,8 @@ DRAFT_EXTEND = "draft extend"
 DRAFT_VERIFY = "draft verify"
 TARGET_PREFILL = "target prefill"
 LEGACY = "legacy-unlabelled"
+# the drafter's decode capture (what a trial set's `DDTree trial draft budget B` line precedes), either spelling
+TRIAL_DRAFT_KINDS = (DRAFT_DECODE, DRAFT_VERIFY)
 
 CapturePhase = Literal["begin", "end", "failed", "info"]
 FailureKind = Literal["capture_failed", "cuda_oom", "kv_alloc_failed", "traceback", "fatal"]
@@ -108,6 +110,10 @@ class Capture:
     process: int
     begin: CaptureEvent
     end: CaptureEvent | None = None
+
+    # a DDTree trial set: the `DDTree trial width W` / `DDTree trial draft budget B` line this capture
+    # followed on its rank (runtime/README.md, "Trial set and live switch"): the width or the budget
+    trial: int | None = None
 
     @property
     def complete(self) -> bool:
@@ -248,6 +254,111 @@ class ScheduleLine:
 _SCHEDULE = re.compile(r"^DDTree budget schedule: (?P<text>\d+:\d+(?:,\d+:\d+)*) \(verify widths (?P<w>\d+(?:,\d+)*)\)$")
 
 
+# ---- the runtime's trial set and live switch (runtime/README.md, "Trial set and live switch", issue #37)
+
+@dataclass(frozen=True)
+class TrialSetLine:
+    """`DDTree trial set: 4, 8, 16, 1:16,3:4,16:0 (active 16; verify widths 17,9,5,1; draft budgets
+    16,8,4)`, every rank, before the target's captures. Candidates are the runtime's canonical names
+    (a one-band schedule 1:B is `B`), separated by `, ` (a schedule never holds a space)."""
+
+    line: LogLine
+    candidates: tuple[str, ...]
+    active: str                       # the one the trial-set file configures (a control file overrides it)
+    widths: tuple[int, ...]           # widest first
+    draft_budgets: tuple[int, ...]    # largest first
+
+    @property
+    def rank(self) -> str:
+        return self.line.rank
+
+
+@dataclass(frozen=True)
+class TrialUnitLine:
+    """`DDTree trial width 17 (budget 16): bs [1, 2, 4] for 16, 1:16,3:4,16:0` (before SGLang's capture
+    pair of that width) or `DDTree trial draft budget 16: bs [...] for ...` (before the drafter's
+    capture pair with that budget's head); `bs -` (None) when CUDA graphs are disabled."""
+
+    line: LogLine
+    kind: Literal["width", "draft"]
+    key: int                          # the verify width (width) or the budget (draft)
+    bs: tuple[int, ...] | None
+    users: tuple[str, ...]
+
+    @property
+    def budget(self) -> int:
+        return self.key - 1 if self.kind == "width" else self.key
+
+    @property
+    def rank(self) -> str:
+        return self.line.rank
+
+
+@dataclass(frozen=True)
+class ActiveLine:
+    """`DDTree active: 1:16,3:4,16:0 (since step 112)` (TP0): the candidate serving from that decode step
+    on (0: from the start; printed once at start and at every switch)."""
+
+    line: LogLine
+    candidate: str
+    since_step: int
+
+
+@dataclass(frozen=True)
+class RefusalLine:
+    """`DDTree control refused: budget 32 was not captured (captured: ...)` (TP0): the control file named
+    something that cannot serve; nothing changed. `candidate` is the canonical name when the reason is
+    an uncaptured candidate, else None (malformed or unreadable control file)."""
+
+    line: LogLine
+    reason: str
+    candidate: str | None = None
+
+
+_NAMES = r"[\d:,]+(?:, [\d:,]+)*"
+_TRIAL_SET = re.compile(r"^DDTree trial set: (?P<c>" + _NAMES + r") \(active (?P<a>[\d:,]+); verify widths "
+                        r"(?P<w>\d+(?:,\d+)*); draft budgets (?P<d>\d+(?:,\d+)*|-)\)$")
+_TRIAL_WIDTH = re.compile(r"^DDTree trial width (?P<w>\d+) \(budget \d+\): bs (?P<bs>\[[\d, ]*\]|-) "
+                          r"for (?P<u>" + _NAMES + r")$")
+_TRIAL_DRAFT = re.compile(r"^DDTree trial draft budget (?P<b>\d+): bs (?P<bs>\[[\d, ]*\]|-) for (?P<u>" + _NAMES + r")$")
+_ACTIVE = re.compile(r"^DDTree active: (?P<c>[\d:,]+) \(since step (?P<n>\d+)\)$")
+_REFUSED = re.compile(r"^DDTree control refused: (?P<reason>.+)$")
+_NOT_CAPTURED = re.compile(r"^(?:budget|schedule) (?P<c>[\d:,]+) was not captured \(captured: ")
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(", ") if x.strip())
+
+
+def _bs_field(text: str) -> tuple[int, ...] | None:
+    return None if text == "-" else tuple(int(x) for x in re.findall(r"\d+", text))
+
+
+def parse_trial_line(line: LogLine) -> "TrialSetLine | TrialUnitLine | ActiveLine | RefusalLine | None":
+    """One of the runtime's trial-set / live-switch lines, or None."""
+    text = line.text.strip()
+    if not text.startswith("DDTree "):
+        return None
+    m = _TRIAL_SET.match(text)
+    if m:
+        return TrialSetLine(line, _names(m["c"]), m["a"], tuple(int(w) for w in m["w"].split(",")),
+                            () if m["d"] == "-" else tuple(int(b) for b in m["d"].split(",")))
+    m = _TRIAL_WIDTH.match(text)
+    if m:
+        return TrialUnitLine(line, "width", int(m["w"]), _bs_field(m["bs"]), _names(m["u"]))
+    m = _TRIAL_DRAFT.match(text)
+    if m:
+        return TrialUnitLine(line, "draft", int(m["b"]), _bs_field(m["bs"]), _names(m["u"]))
+    m = _ACTIVE.match(text)
+    if m:
+        return ActiveLine(line, m["c"], int(m["n"]))
+    m = _REFUSED.match(text)
+    if m:
+        nc = _NOT_CAPTURED.match(m["reason"])
+        return RefusalLine(line, m["reason"], nc["c"] if nc else None)
+    return None
+
+
 @dataclass
 class ParsedJournal:
     lines: list[LogLine] = field(default_factory=list)
@@ -261,6 +372,12 @@ class ParsedJournal:
     unit_events: list[UnitEvent] = field(default_factory=list)
     server_args: list[ServerArgsLine] = field(default_factory=list)
     schedules: list[ScheduleLine] = field(default_factory=list)  # the DDTree plugin's budget schedule, per rank
+    # the DDTree runtime's trial set (every rank), its per-width / per-budget capture lines, and TP0's
+    # live-switch lines (issue #37)
+    trial_sets: list[TrialSetLine] = field(default_factory=list)
+    trial_units: list[TrialUnitLine] = field(default_factory=list)
+    actives: list[ActiveLine] = field(default_factory=list)
+    refusals: list[RefusalLine] = field(default_factory=list)
 
     @property
     def latest_process(self) -> int:
@@ -635,6 +752,7 @@ def parse_lines(lines: list[LogLine]) -> ParsedJournal:
     last_traceback: dict[int | None, Failure] = {}
     open_captures: dict[tuple, list[Capture]] = {}
     pending_bs: dict[tuple, tuple[int, ...]] = {}
+    pending_trial: dict[tuple, TrialUnitLine] = {}  # (pid, rank, process) -> the trial unit line awaiting its capture
     ready_processes: set[int] = set()  # processes that printed the ready line so far
 
     def failure(kind: FailureKind, at: LogLine, summary: str, *, headless: bool = False) -> Failure:
@@ -706,6 +824,10 @@ def parse_lines(lines: list[LogLine]) -> ParsedJournal:
                 if ev.bs is None and ckey in pending_bs:
                     ev = replace(ev, bs=pending_bs.pop(ckey))
                 cap = Capture(ev.kind, line.rank, line.tp_rank, process, ev)
+                unit = pending_trial.get(ckey)
+                if unit is not None and (ev.kind == TARGET_VERIFY if unit.kind == "width" else ev.kind in TRIAL_DRAFT_KINDS):
+                    cap.trial = unit.key
+                    del pending_trial[ckey]
                 result.captures.append(cap)
                 open_captures.setdefault((*ckey, ev.kind), []).append(cap)
             elif ev.phase == "end":
@@ -737,6 +859,16 @@ def parse_lines(lines: list[LogLine]) -> ParsedJournal:
         sm = _SCHEDULE.match(text)
         if sm:
             result.schedules.append(ScheduleLine(line, sm["text"], tuple(int(w) for w in sm["w"].split(","))))
+        trial = parse_trial_line(line) if text.startswith("DDTree ") else None
+        if isinstance(trial, TrialSetLine):
+            result.trial_sets.append(trial)
+        elif isinstance(trial, TrialUnitLine):
+            result.trial_units.append(trial)
+            pending_trial[(line.pid, line.rank, process)] = trial
+        elif isinstance(trial, ActiveLine):
+            result.actives.append(trial)
+        elif isinstance(trial, RefusalLine):
+            result.refusals.append(trial)
         dec = parse_decode(line)
         if dec is not None:
             result.decodes.append(dec)
@@ -790,6 +922,77 @@ def starts(parsed: ParsedJournal) -> list[ParsedJournal]:
         return [parsed]
     bounds = cuts + [len(parsed.lines)]
     return [parse_lines([_with_process(ln, 0) for ln in parsed.lines[lo:hi]]) for lo, hi in zip(bounds, bounds[1:])]
+
+
+def trial_state(source: "ParsedJournal | Iterable[dict] | Iterable[str] | str") -> dict | None:
+    """The DDTree trial set of the last start (its last server process) and which candidate serves,
+    read back from the runtime's lines (runtime/README.md, "Trial set and live switch"); None when
+    that start loaded no trial set. `source`: a ParsedJournal, `journalctl -o json` entries, or text.
+
+        {"candidates": ["4", "8", "16", "1:16,3:4,16:0"],   # canonical names, as the runtime prints them
+         "configured_active": "16",                        # the trial-set file's `active`
+         "active": "1:16,3:4,16:0", "since_step": 112,     # the last `DDTree active:` line (TP0)
+         "announced": True,                                # False: no active line yet (configured_active)
+         "widths": [17, 9, 5, 1], "draft_budgets": [16, 8, 4], "ranks": ["TP0", "TP1"],
+         "switches": [{"active", "since_step", "line", "timestamp"}, ...],   # every active line, in order
+         "refusals": [{"reason", "candidate", "line", "timestamp", "after_last_switch"}, ...],
+         "decodes": [{"line", "rank", "timestamp", "active", "mixed", "running_reqs", "accept_len",
+                      "accept_rate", "gen_throughput", "cuda_graph"}, ...]}
+
+    A decode line's `active` is the candidate serving when it was printed; `mixed` is True when a
+    switch came after that rank's previous decode line (SGLang averages accept len and gen
+    throughput over the interval since then, so the line mixes two candidates: drop it)."""
+    parsed = source if isinstance(source, ParsedJournal) else parse(source)  # type: ignore[arg-type]
+    start = starts(parsed)[-1]
+    proc = start.latest_process
+    sets = [x for x in start.trial_sets if x.line.process == proc]
+    if not sets:
+        return None
+    head = next((x for x in sets if x.line.tp_rank == 0), sets[0])
+    actives = [a for a in start.actives if a.line.process == proc]
+    refusals = [r for r in start.refusals if r.line.process == proc]
+
+    def when(ln: LogLine) -> str | None:
+        return ln.timestamp.isoformat() if ln.timestamp else None
+
+    pos = {id(ln): i for i, ln in enumerate(start.lines)}
+    last_switch_pos = pos.get(id(actives[-1].line), -1) if actives else -1
+    # walk the process's lines in order: the candidate in force at each decode line, and whether a
+    # switch fell inside that line's interval (since the rank's previous decode line)
+    events = sorted([(pos.get(id(a.line), 0), "active", a) for a in actives]
+                    + [(pos.get(id(d.line), 0), "decode", d) for d in start.decodes_of(proc)], key=lambda e: e[0])
+    current = head.active
+    switches = 0                      # switches so far (the start's `since step 0` line is none)
+    seen: dict[str, int] = {}         # rank -> switches at its previous decode line
+    decodes = []
+    for _, kind, ev in events:
+        if kind == "active":
+            if ev.candidate != current or ev.since_step > 0:
+                switches += 1
+            current = ev.candidate
+            continue
+        rank = ev.rank
+        mixed = seen.get(rank, 0) != switches
+        seen[rank] = switches
+        decodes.append({"line": ev.line.line_no, "rank": rank or "main", "timestamp": when(ev.line), "active": current,
+                        "mixed": mixed, "running_reqs": ev.running_reqs, "accept_len": ev.accept_len,
+                        "accept_rate": ev.accept_rate, "gen_throughput": ev.gen_throughput, "cuda_graph": ev.cuda_graph})
+    last = actives[-1] if actives else None
+    return {
+        "candidates": list(head.candidates),
+        "configured_active": head.active,
+        "active": last.candidate if last else head.active,
+        "since_step": last.since_step if last else 0,
+        "announced": last is not None,
+        "widths": list(head.widths),
+        "draft_budgets": list(head.draft_budgets),
+        "ranks": sorted({x.rank or "main" for x in sets}),
+        "switches": [{"active": a.candidate, "since_step": a.since_step, "line": a.line.line_no,
+                      "timestamp": when(a.line)} for a in actives],
+        "refusals": [{"reason": r.reason, "candidate": r.candidate, "line": r.line.line_no, "timestamp": when(r.line),
+                      "after_last_switch": pos.get(id(r.line), 0) > last_switch_pos} for r in refusals],
+        "decodes": decodes,
+    }
 
 
 # --------------------------------------------------------------------------- I/O

@@ -76,7 +76,16 @@ class ReleaseInfo:
         return self.manifest.get("profile", {}).get("budget_schedule")
 
     @property
+    def trial_set(self) -> list[str] | None:
+        """The candidates of a trial release (opsctl tune), captured at one start."""
+        return self.manifest.get("profile", {}).get("trial_set")
+
+    @property
     def label(self) -> str:
+        if self.trial_set:
+            from opsctl.trialset import describe
+
+            return f"{self.profile} --trial-set {describe(self.trial_set)}"
         if self.budget_schedule:
             return f"{self.profile} --budget-schedule {self.budget_schedule}"
         return f"{self.profile} --budget {self.budget}" if self.budget else self.profile

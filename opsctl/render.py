@@ -15,6 +15,7 @@ import jinja2
 
 from opsctl import __version__
 from opsctl.config import HostConfig, Profile
+from opsctl import trialset
 from opsctl.schedule import SCHEDULE_ENV, SCHEDULE_FILE
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -51,7 +52,7 @@ class Rendered:
 
     def as_dict(self) -> dict:
         return {"host": self.host, "profile": self.profile.name, "budget": self.profile.budget,
-                "budget_schedule": self.profile.budget_schedule,
+                "budget_schedule": self.profile.budget_schedule, "trial_set": self.profile.trial_set,
                 "schedule_bands": self.profile.schedule_bands,
                 "verify_width": self.profile.verify_width, "argv": self.argv, "files": self.files,
                 "links": {self.unit_link: str(self.install_root / "current" / self.unit_name)},
@@ -135,6 +136,11 @@ def server_env(host: HostConfig, profile: Profile) -> dict[str, str]:
         env["TRITON_CACHE_DIR"] = str(current / "triton")
         if profile.schedule is not None:  # read by the runtime's plugin at server start
             env[SCHEDULE_ENV] = str(current / SCHEDULE_FILE)
+        if profile.trial_set is not None:
+            # every candidate captured at start; the control file (outside the release, so a live
+            # switch changes no release file) names the one that serves, also after a restart
+            env[trialset.TRIAL_SET_ENV] = str(current / trialset.TRIAL_SET_FILE)
+            env[trialset.CONTROL_ENV] = str(trialset.control_path(root, profile.trial_set))
     env.update(host.settings.extra_env)
     env.update(profile.env)
     return dict(sorted(env.items()))
@@ -155,9 +161,12 @@ def render(host: HostConfig, profile: Profile) -> Rendered:
     }
     tpl = _environment()
     profile_doc = profile.model_dump(mode="json")
-    if profile.schedule is None:  # keep single-budget renders (and their release ids) as they were
+    if profile.schedule is None and profile.trial_set is None:
+        # keep single-budget renders (and their release ids) as they were
         profile_doc.pop("budget_schedule")
         profile_doc.pop("tree_torch_fallback")
+    if profile.trial_set is None:
+        profile_doc.pop("trial_set")
     launch = {
         "profile": profile_doc, "verify_width": profile.verify_width,
         "argv": argv, "env": env, "service": host.unit_name, "model": host.model.model_dump(mode="json"),
@@ -171,5 +180,7 @@ def render(host: HostConfig, profile: Profile) -> Rendered:
     }
     if profile.schedule is not None:
         files[SCHEDULE_FILE] = profile.schedule.to_json()
+    if profile.trial_set is not None:
+        files[trialset.TRIAL_SET_FILE] = trialset.trial_set_json(profile.trial_set)
     return Rendered(host=host.name, profile=profile, release_files=files, argv=argv,
                     install_root=host.install_root, unit_name=host.unit_name, env=env)

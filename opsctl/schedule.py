@@ -186,3 +186,105 @@ def check_budget(budget: int, *, allow_torch_beam: bool, what: str) -> None:
             f"{what}: budget {budget} is above the fused tree kernel's {FUSED_TREE_MAX_BUDGET}",
             f"use budgets up to {FUSED_TREE_MAX_BUDGET}, or set tree_torch_fallback: true in the "
             "profile (opsctl.profiles.ddtree) to accept the slower torch beam")
+
+
+# --------------------------------------------------------------------------- trial sets (issue #37)
+
+# The runtime's trial set (runtime/README.md, "Trial set and live switch"): candidate budgets and
+# schedules captured at one start, the one that serves switched live by the control file.
+TRIAL_SET_ENV = "SGLANG_DDTREE_TRIAL_SET_FILE"
+CONTROL_ENV = "SGLANG_DDTREE_CONTROL_FILE"
+CONTROL_EVERY_STEPS_ENV = "SGLANG_DDTREE_CONTROL_EVERY_STEPS"
+CONTROL_INTERVAL_MS_ENV = "SGLANG_DDTREE_CONTROL_INTERVAL_MS"
+_BUDGET_ONLY = re.compile(r"^\s*(\d+)\s*$")
+
+
+def parse_candidate(value: str | int, *, what: str = "trial candidate") -> BudgetSchedule:
+    """A trial-set candidate: a budget (`16` or `"16"`: the one-band schedule 1:16) or a schedule
+    (`"1:16,3:4,16:0"`), as the runtime reads it; a lone budget 0 is not a candidate."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ConfigError(f"{what} {value!r}: expected a budget or a schedule",
+                          f"write a budget (16) or a schedule ({EXAMPLE})")
+    m = _BUDGET_ONLY.match(str(value))
+    if m:
+        budget = int(m.group(1))
+        if not 1 <= budget <= RUNTIME_MAX_BUDGET:
+            raise ConfigError(f"{what} {value!r}: a budget must be in 1..{RUNTIME_MAX_BUDGET}",
+                              "budget 0 alone drafts nothing: use it as a band of a schedule (e.g. 1:16,16:0)")
+        return BudgetSchedule((Band(1, budget),))
+    return parse(str(value), what=what)
+
+
+def candidate_name(value: "str | int | BudgetSchedule") -> str:
+    """The canonical name the runtime prints (`DDTree trial set:`, `DDTree active:`): a one-band
+    schedule 1:B is the budget `B`, any other schedule its text (`1:16,3:4,16:0`)."""
+    sched = value if isinstance(value, BudgetSchedule) else parse_candidate(value)
+    if len(sched.bands) == 1:
+        return str(sched.bands[0].budget)
+    return sched.text
+
+
+@dataclass(frozen=True)
+class TrialUnit:
+    """One capture of a trial set: a verify width (target) or a draft budget (drafter), the
+    captured batch sizes some candidate routes to it, and those candidates."""
+
+    key: int                 # the verify width (target) or the budget (drafter)
+    bs: tuple[int, ...]
+    users: tuple[str, ...]
+
+    @property
+    def budget(self) -> int:
+        return self.key
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    """What a trial set captures (the runtime's `TrialSet.verify_plan` / `draft_plan`)."""
+
+    candidates: tuple[str, ...]
+    widths: tuple[TrialUnit, ...]    # widest first
+    drafts: tuple[TrialUnit, ...]    # largest budget first; only budgets some captured bs is routed to
+
+    def width_bs(self, width: int) -> tuple[int, ...] | None:
+        return next((u.bs for u in self.widths if u.key == width), None)
+
+    def draft_bs(self, budget: int) -> tuple[int, ...] | None:
+        return next((u.bs for u in self.drafts if u.key == budget), None)
+
+
+def trial_widths(candidates) -> list[int]:
+    """The distinct verify widths any candidate needs, widest first (the trial-set line's)."""
+    return sorted({b.width for c in candidates for b in parse_candidate(c).bands}, reverse=True)
+
+
+def trial_draft_budgets(candidates) -> list[int]:
+    """The distinct budgets > 0 (one draft head each), largest first."""
+    return sorted({b.budget for c in candidates for b in parse_candidate(c).bands if b.budget > 0}, reverse=True)
+
+
+def trial_plan(candidates, capture_bs: list[int]) -> TrialPlan:
+    """Per verify width the captured bs that some candidate routes to a band of that width, per
+    draft budget those routed to a band of that budget (each candidate routes a running batch as
+    its schedule does: padded to the captured bs, then the band)."""
+    scheds = [parse_candidate(c) for c in candidates]
+    names = tuple(candidate_name(s) for s in scheds)
+    cs = sorted(set(int(b) for b in capture_bs))
+
+    def routed(keep) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        bs: set[int] = set()
+        users = []
+        for name, s in zip(names, scheds):
+            hit = False
+            for i, sizes in enumerate(s.captured_by_band(cs)):
+                if keep(s.bands[i]):
+                    hit = True
+                    bs.update(sizes)
+            if hit:
+                users.append(name)
+        return tuple(sorted(bs)), tuple(users)
+
+    widths = tuple(TrialUnit(w, *routed(lambda band, w=w: band.width == w)) for w in trial_widths(candidates))
+    drafts = tuple(u for u in (TrialUnit(b, *routed(lambda band, b=b: band.budget == b))
+                               for b in trial_draft_budgets(candidates)) if u.bs)
+    return TrialPlan(names, widths, drafts)

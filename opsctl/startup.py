@@ -10,6 +10,8 @@ the journal's clock:
 |                             | `Capture cuda graph end. Time elapsed: X s` (up to 0.5.10); per graph,   |
 |                             | the slowest rank; DDTree: the band's budget is W - 1                     |
 | `draft_capture`             | the draft graph's end line, less the runtime's compile that ran inside it |
+| `draft_capture budget <B>`  | a DDTree trial set: the drafter's capture after `DDTree trial draft budget |
+|                             | B`, less budget B's compile (which ran inside it)                        |
 | `compile budget <B>`        | the DDTree runtime's `DDTREE Triton compile: budget=B, ..., elapsed=X s` |
 | `warmup`                    | the clock from `Uvicorn running on` (or the last start-up line) to ready |
 | `other`                     | total less the phases above (process start, NCCL init, KV cache, ...)     |
@@ -158,22 +160,27 @@ def parse(source: Any) -> Startup:
                                 detail={"block": int(m["block"]), "vocab_shard": int(m["vocab"]), "arch": m["arch"]})
     compile_total = sum(p.seconds or 0.0 for p in compiles.values())
 
-    # captures: one phase per graph (kind, width), the slowest rank's elapsed
-    groups: dict[tuple[str, int | None], list] = {}
+    # captures: one phase per graph (kind, width; a trial set's drafter per budget), the slowest rank's elapsed
+    groups: dict[tuple[str, int | None, int | None], list] = {}
     for cap in start.captures_of(proc):
-        groups.setdefault((cap.kind, cap.num_tokens_per_req), []).append(cap)
-    for (kind, width), caps in groups.items():
+        trial = cap.trial if cap.kind.startswith("draft") else None
+        groups.setdefault((cap.kind, cap.num_tokens_per_req, trial), []).append(cap)
+    for (kind, width, trial), caps in groups.items():
         s, at = _slowest((c.elapsed_s, c.begin.line.line_no) for c in caps)
         complete = all(c.complete for c in caps)
         draft = kind.startswith("draft")
-        if draft:
+        if draft and trial is not None:   # one budget's drafter capture: that budget's compile ran inside it
+            key = f"draft_capture budget {trial}"
+            if s is not None and trial in compiles:
+                s = round(max(s - (compiles[trial].seconds or 0.0), 0.0), 2)
+        elif draft:
             key = "draft_capture" if width is None else f"draft_capture width {width}"
             if s is not None and compiles:
                 s = round(max(s - compile_total, 0.0), 2)   # the runtime's compile ran inside the draft capture
         else:
             label = "capture" if kind == journal.LEGACY else f"capture {kind}"   # `Capture cuda graph end` (<= 0.5.10)
             key = label + (f" width {width}" if width is not None else "")
-        budget = width - 1 if (ddtree and kind == "target verify" and width is not None) else None
+        budget = width - 1 if (ddtree and kind == "target verify" and width is not None) else trial
         detail: dict[str, Any] = {}
         if not complete:
             detail["complete"] = False

@@ -198,9 +198,15 @@ def needs_for(profile: Profile, shape: ModelShape, *, arch: str, runtime: str) -
     assert profile.block_size is not None and profile.budget is not None
     tp = profile.tp_size
     sched = profile.schedule
+    if profile.trial_set:  # a trial release: every draft budget of its candidates (each over every captured size)
+        from opsctl.trialset import draft_budgets
+
+        budgets: tuple[int, ...] = tuple(draft_budgets(profile.trial_set))
+    else:
+        budgets = () if sched else (profile.budget,)
     return Needs(arch=arch, runtime=runtime, block=profile.block_size, vocab_shard=shape.vocab_size // tp,
                  hidden=shape.hidden_size, tp=tp, capture_bs=tuple(profile.captured_batch_sizes),
-                 budgets=() if sched else (profile.budget,), schedule=sched.text if sched else None)
+                 budgets=budgets, schedule=sched.text if sched else None)
 
 
 def needs_from(*, arch: str, runtime: str, budgets: Iterable[int] = (), schedule: str | None = None,

@@ -13,6 +13,14 @@ Entry points:
     validate_decode(parsed, profile)  -> list[Finding]   decode lines under the probe load
     validate(parsed, profile, *, require_decode)         both
     expectations_from_log(parsed)     -> LogProfile | None   the expectations the log's server_args line states
+    validate_trialset_start(parsed, candidates, *, active, verify_width) -> list[Finding]
+                                      a DDTree trial-set start (issue #37): the set loaded on every rank, each
+                                      verify width and draft budget captured, the active candidate
+
+A DDTree trial set (the profile's `trial_set`, or the runtime's `DDTree trial set:` line in the log)
+captures one target graph set per verify width any candidate needs: `validate_startup` then checks
+`capture.trial_widths` (and `trialset.loaded`, `capture.trial_drafts`, `trialset.active`) instead of
+one verify width or a schedule's bands, and `validate_decode` reads acceptance per active candidate.
 """
 from __future__ import annotations
 
@@ -22,10 +30,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Iterable, Protocol
 
+from opsctl import journal as journal_mod
 from opsctl import schedule as schedule_mod
+from opsctl.errors import ConfigError
 from opsctl.findings import Finding
-from opsctl.journal import (LEGACY, TARGET_DECODE, TARGET_VERIFY, Capture, DecodeLine, Failure, ParsedJournal,
-                            since_start)
+from opsctl.journal import (LEGACY, TARGET_DECODE, TARGET_VERIFY, TRIAL_DRAFT_KINDS, Capture, DecodeLine, Failure,
+                            ParsedJournal, since_start)
 
 # half a unit in the last printed place: SGLang prints accept len/rate with two decimals
 PRINT_HALF_ULP = 0.005
@@ -71,6 +81,7 @@ class LogProfile:
     spelling: str = "ServerArgs"
     name: str = "server_args"
     budget_schedule: str | None = None          # the runtime's `DDTree budget schedule:` line
+    trial_set: tuple[str, ...] | None = None    # the runtime's `DDTree trial set:` line (its candidates)
 
     @property
     def schedule(self) -> "schedule_mod.BudgetSchedule | None":
@@ -115,6 +126,8 @@ class LogProfile:
             parts.append(f"speculative_num_draft_tokens {self.num_draft_tokens or '?'} ({width})")
             if self.schedule is not None:
                 parts.append(f"budget schedule {self.budget_schedule} (the runtime's schedule line)")
+            if self.trial_set:
+                parts.append(f"trial set {', '.join(self.trial_set)} (the runtime's trial-set line)")
         if self.cuda_graph_max_bs:
             parts.append(f"cuda_graph_max_bs {self.cuda_graph_max_bs} (from {self.cuda_graph_max_bs_from})")
         else:
@@ -132,7 +145,7 @@ class LogProfile:
                 "verify_width": self.verify_width, "budget": self.budget, "cuda_graph_max_bs": self.cuda_graph_max_bs,
                 "cuda_graph_max_bs_from": self.cuda_graph_max_bs_from, "decode_graphs_disabled": self.decode_graphs_disabled,
                 "tp_size": self.tp_size, "max_concurrency": self.effective_max_concurrency,
-                "budget_schedule": self.budget_schedule}
+                "budget_schedule": self.budget_schedule, "trial_set": list(self.trial_set) if self.trial_set else None}
 
 
 def _int(value: Any) -> int | None:
@@ -195,7 +208,9 @@ def expectations_from_log(parsed: ParsedJournal, *, max_concurrency: int | None 
                 or args.get("cuda_graph_backend_decode") == "disabled" or decode.get("backend") == "disabled")
     recent = since_start(parsed)
     sched_lines = [x for x in recent.schedules if x.line.process == recent.latest_process]
+    trial_lines = [x for x in recent.trial_sets if x.line.process == recent.latest_process]
     return LogProfile(budget_schedule=sched_lines[0].text if sched_lines and kind == "ddtree" else None,
+                      trial_set=trial_lines[0].candidates if trial_lines and kind == "ddtree" else None,
                       kind=kind, algorithm=algo, num_draft_tokens=draft if kind != "autoregressive" else None,
                       tp_size=_int(args.get("tp_size")), cuda_graph_max_bs=max_bs, cuda_graph_max_bs_from=max_bs_from,
                       decode_graphs_disabled=disabled, max_concurrency=max_concurrency, line_no=sa.line.line_no,
@@ -290,10 +305,17 @@ def validate_startup(parsed: ParsedJournal, profile: ProfileLike) -> list[Findin
     """Capture-time checks on the journal since the release started (see module doc)."""
     parsed = since_start(parsed)
     captures = parsed.captures_of()  # the current process; earlier ones show up as restarts
+    trials = _trial_candidates(parsed, profile)
+    if trials is not None:   # one graph set per verify width of the trial set, not one width
+        widths = _trialset_findings(parsed, trials, verify_width=profile.verify_width,
+                                    active=getattr(profile, "trial_active", None))
+    elif _schedule(profile) is not None:
+        widths = [_check_band_widths(captures, parsed, profile)]
+    else:
+        widths = [_check_verify_width(captures, profile)]
     findings = [_check_expected_graphs(captures, parsed, profile),
                 _check_complete(captures),
-                (_check_band_widths(captures, parsed, profile) if _schedule(profile) is not None
-                 else _check_verify_width(captures, profile)),
+                *widths,
                 _check_batch_coverage(captures, profile)]
     findings += _check_failures(parsed)
     findings.append(_check_restarts(parsed))
@@ -544,6 +566,286 @@ def _check_band_widths(captures: list[Capture], parsed: ParsedJournal, profile: 
                              f"width: " + "; ".join(parts), details=details)
 
 
+# --------------------------------------------------------------------------- a DDTree trial set (issue #37)
+
+_TRIAL_FIX_RUNTIME = ("deploy a runtime with trial sets (runtime/README.md, 'Trial set and live switch') and check that "
+                      f"the unit's environment sets {schedule_mod.TRIAL_SET_ENV} to the release's trial-set file; "
+                      "then redeploy")
+
+
+def _trial_candidates(parsed: ParsedJournal, profile: ProfileLike) -> list[str] | None:
+    """The trial set a DDTree start is judged against: the profile's `trial_set` (candidates), else the
+    runtime's `DDTree trial set:` line of the current process (the runtime refuses to start with a set
+    whose widest width is not --speculative-num-draft-tokens, which trialset.loaded checks); None: no
+    trial set."""
+    if profile.kind != "ddtree":
+        return None
+    want = getattr(profile, "trial_set", None)
+    if want:
+        return [str(c) for c in want]
+    lines = _trial_set_lines(parsed)
+    return list(lines[0].candidates) if lines else None
+
+
+def _trial_set_lines(parsed: ParsedJournal) -> list:
+    lines = [x for x in parsed.trial_sets if x.line.process == parsed.latest_process]
+    return sorted(lines, key=lambda x: (x.line.tp_rank is None, x.line.tp_rank or 0))   # TP0's first
+
+
+def _short_bs(bs) -> str:
+    return _ranges(bs) if bs else "none"
+
+
+def validate_trialset_start(parsed: ParsedJournal, candidates=None, *, active: str | int | None = None,
+                            verify_width: int | None = None) -> list[Finding]:
+    """Findings on a DDTree trial-set start (runtime/README.md, "Trial set and live switch"), on the
+    journal since the release started (its last server process):
+
+    - `trialset.loaded`: every rank printed `DDTree trial set:` with these `candidates` (any spelling
+      that normalises to the runtime's names: 8, "8", "1:8"; None: the log's own set), and its widest
+      width is `verify_width` (the server's --speculative-num-draft-tokens) when given;
+    - `capture.trial_widths`: on every rank one target-verify capture per verify width any candidate
+      needs, over exactly the captured batch sizes some candidate routes to it, and no other width;
+    - `capture.trial_drafts`: the drafter captured once per draft budget over the bs routed to it
+      (unknown when the drafter's graphs were not captured at all);
+    - `trialset.active`: the candidate serving (the last `DDTree active:` line), a candidate of the set,
+      and `active` when given (what the control file asked for), with the refusals since.
+
+    The rest of a start (failures, restarts, batch coverage, memory) is `validate_startup`'s, which runs
+    these same checks in place of `capture.verify_width` for a trial-set start."""
+    parsed = since_start(parsed)
+    return _trialset_findings(parsed, candidates, active=active, verify_width=verify_width)
+
+
+def _trialset_findings(parsed: ParsedJournal, candidates, *, active=None, verify_width=None) -> list[Finding]:
+    set_lines = _trial_set_lines(parsed)
+    if candidates is None:
+        candidates = list(set_lines[0].candidates) if set_lines else None
+    if not candidates:
+        return [Finding(check="trialset.loaded", ok=False,
+                        diagnosis="no trial set to check: none was given and the runtime printed no 'DDTree trial "
+                                  "set' line since the release started", fix=_TRIAL_FIX_RUNTIME,
+                        details={"process": parsed.latest_process})]
+    try:
+        names = [schedule_mod.candidate_name(c) for c in candidates]
+        want_active = schedule_mod.candidate_name(active) if active is not None else None
+    except ConfigError as exc:
+        return [Finding(check="trialset.loaded", ok=False, diagnosis=f"the expected trial set is not one: {exc.problem}",
+                        fix=exc.fix, details={"candidates": [str(c) for c in candidates]})]
+    return [_check_trial_loaded(parsed, names, set_lines, verify_width),
+            _check_trial_widths(parsed, names),
+            _check_trial_drafts(parsed, names),
+            _check_trial_active(parsed, names, want_active)]
+
+
+def _check_trial_loaded(parsed: ParsedJournal, names: list[str], set_lines: list, verify_width: int | None) -> Finding:
+    check = "trialset.loaded"
+    widths = schedule_mod.trial_widths(names)
+    budgets = schedule_mod.trial_draft_budgets(names)
+    details: dict = {"candidates": names, "widths": widths, "draft_budgets": budgets,
+                     "set_lines": {_rank(x.rank): list(x.candidates) for x in set_lines},
+                     "configured_active": set_lines[0].active if set_lines else None, "verify_width": verify_width}
+    if not set_lines:
+        return Finding(check=check, ok=False,
+                       diagnosis=f"the runtime printed no 'DDTree trial set' line: it did not load the trial set "
+                                 f"{', '.join(names)} (the server then serves one budget, and the control file "
+                                 "switches nothing)", fix=_TRIAL_FIX_RUNTIME, details=details)
+    other = [x for x in set_lines if set(x.candidates) != set(names)]
+    if other:
+        x = other[0]
+        return Finding(check=check, ok=False,
+                       diagnosis=f"{_rank(x.rank)} loaded trial set {', '.join(x.candidates)}, expected {', '.join(names)}",
+                       fix="the release's trial-set file and what was asked disagree: re-render and redeploy",
+                       details=details)
+    logging = {ln.rank for ln in parsed.lines if ln.rank and ln.process == parsed.latest_process}
+    missing = sorted(logging - {x.rank for x in set_lines})
+    if missing:
+        return Finding(check=check, ok=False,
+                       diagnosis=f"no 'DDTree trial set' line on {', '.join(_rank(r) for r in missing)} (other ranks "
+                                 "loaded it): those ranks did not load the runtime's trial set",
+                       fix=_TRIAL_FIX_RUNTIME, details=details)
+    if verify_width is not None and widths and widths[0] != verify_width:
+        return Finding(check=check, ok=False,
+                       diagnosis=f"the trial set's widest verify width is {widths[0]} (budget {widths[0] - 1}), "
+                                 f"--speculative-num-draft-tokens is {verify_width}: they must be equal",
+                       fix=f"render the release with --speculative-num-draft-tokens {widths[0]} (the largest budget "
+                           "of the trial set + 1) and redeploy", details=details)
+    ranks = sorted({x.rank for x in set_lines})
+    return Finding(check=check, ok=True,
+                   diagnosis=f"trial set {', '.join(names)} loaded on {len(ranks)} rank(s) (verify widths "
+                             f"{','.join(map(str, widths))}; draft budgets {','.join(map(str, budgets)) or '-'}; "
+                             f"configured active {set_lines[0].active})", details=details)
+
+
+def _per_rank_captures(parsed: ParsedJournal, *kinds: str) -> dict[str, list[Capture]]:
+    out: dict[str, list[Capture]] = defaultdict(list)
+    for c in parsed.captures_of():
+        if c.kind in kinds:
+            out[c.rank].append(c)
+    return dict(out)
+
+
+def _check_trial_widths(parsed: ParsedJournal, names: list[str]) -> Finding:
+    """Each verify width of the trial set captured on every rank, over the bs its candidates route to it."""
+    check = "capture.trial_widths"
+    targets = _per_rank_captures(parsed, TARGET_VERIFY)
+    units = [u for u in parsed.trial_units if u.kind == "width" and u.line.process == parsed.latest_process]
+    details: dict = {"candidates": names, "widths": schedule_mod.trial_widths(names),
+                     "per_rank": {_rank(r): [{"num_tokens_per_req": c.num_tokens_per_req,
+                                              "bs": list(c.bs) if c.bs else None} for c in cs]
+                                  for r, cs in targets.items()}}
+    if not targets:
+        if units and all(u.bs is None for u in units):
+            return _unknown(check, "unknown: CUDA graphs are disabled (the runtime's width lines say 'bs -'): no "
+                                   "verify graph to check", details)
+        return Finding(check=check, ok=False, diagnosis=f"no target verify graph to read the trial set's widths from "
+                       f"({', '.join(names)})", fix="see capture.expected_graphs", details=details)
+    logging = {ln.rank for ln in parsed.lines if ln.rank and ln.process == parsed.latest_process}
+    problems: list[tuple[str, str]] = []   # (what, rank)
+    plan = None
+    for rank in sorted(set(targets) | logging):
+        caps = targets.get(rank, [])
+        if not caps:
+            problems.append(("no target verify capture", rank))
+            continue
+        if any(c.num_tokens_per_req is None or not c.bs for c in caps):
+            problems.append(("a capture line without num_tokens_per_req or bs=[...]", rank))
+            continue
+        plan = schedule_mod.trial_plan(names, sorted({b for c in caps for b in c.bs}))  # type: ignore[union-attr]
+        want = {u.key: set(u.bs) for u in plan.widths if u.bs}
+        got: dict[int, set[int]] = defaultdict(set)
+        for c in caps:
+            n = c.num_tokens_per_req
+            if c.trial is not None and c.trial in want and n != c.trial:
+                # the graphs after `DDTree trial width W` captured at another width: that width's graphs are wrong
+                users = next(u.users for u in plan.widths if u.key == c.trial)
+                problems.append((f"verify width {c.trial} (budget {c.trial - 1}, for {', '.join(users)}) captured with "
+                                 f"{n} tokens/request (bs {_short_bs(c.bs)}), needs {c.trial}", rank))
+                n = c.trial
+            got[n].update(c.bs)  # type: ignore[index, arg-type]
+        for w in sorted(set(got) - set(want), reverse=True):
+            problems.append((f"a target verify graph captured with {w} tokens/request (bs {_short_bs(got[w])}), a width "
+                             f"no candidate needs (trial widths {','.join(str(x) for x in want)})", rank))
+        for w in sorted(set(want) - set(got), reverse=True):
+            users = next(u.users for u in plan.widths if u.key == w)
+            problems.append((f"verify width {w} (budget {w - 1}, for {', '.join(users)}) not captured", rank))
+        for w in sorted(set(want) & set(got), reverse=True):
+            if got[w] != want[w]:
+                problems.append((f"verify width {w} (budget {w - 1}) captured for bs {_short_bs(got[w])}, its candidates "
+                                 f"route bs {_short_bs(want[w])} to it", rank))
+    ranks = sorted(set(targets) | logging)
+    if problems:
+        by_what: dict[str, list[str]] = defaultdict(list)
+        for what, rank in problems:
+            by_what[what].append(rank)
+        what, where = next(iter(by_what.items()))
+        on = f"every rank ({len(ranks)})" if len(where) == len(ranks) and len(ranks) > 1 else ", ".join(_rank(r) for r in where)
+        details["problems"] = [{"problem": w, "ranks": [_rank(r) for r in rs]} for w, rs in by_what.items()]
+        return Finding(check=check, ok=False,
+                       diagnosis=f"on {on}: {what}" + (f"; {len(by_what) - 1} more problem(s)" if len(by_what) > 1 else ""),
+                       fix=_TRIAL_FIX_RUNTIME, details=details)
+    assert plan is not None
+    parts = [f"width {u.key} (bs {_short_bs(u.bs)}) for {', '.join(u.users)}" for u in plan.widths if u.bs]
+    return Finding(check=check, ok=True,
+                   diagnosis=f"trial set {', '.join(names)} on {len(ranks)} rank(s), each verify width captured over "
+                             "the batch sizes its candidates route to it: " + "; ".join(parts), details=details)
+
+
+def _check_trial_drafts(parsed: ParsedJournal, names: list[str]) -> Finding:
+    """The drafter captured once per draft budget (with that budget's head), over the bs routed to it."""
+    check = "capture.trial_drafts"
+    drafts = _per_rank_captures(parsed, *TRIAL_DRAFT_KINDS)
+    targets = _per_rank_captures(parsed, TARGET_VERIFY)
+    units = [u for u in parsed.trial_units if u.kind == "draft" and u.line.process == parsed.latest_process]
+    details: dict = {"draft_budgets": schedule_mod.trial_draft_budgets(names),
+                     "per_rank": {_rank(r): [{"budget": c.trial, "bs": list(c.bs) if c.bs else None,
+                                              "complete": c.complete} for c in cs] for r, cs in drafts.items()}}
+    if not drafts and not units:
+        return _unknown(check, "unknown: the drafter's CUDA graphs were not captured (no draft capture and no 'DDTree "
+                               "trial draft budget' line): its budgets run eagerly", details)
+    problems: list[tuple[str, str]] = []
+    plan = None
+    for rank in sorted(set(drafts) | set(targets)):
+        tcaps = [c for c in targets.get(rank, []) if c.bs]
+        if not tcaps:
+            problems.append(("no target verify capture to route the draft budgets' batch sizes by", rank))
+            continue
+        plan = schedule_mod.trial_plan(names, sorted({b for c in tcaps for b in c.bs}))  # type: ignore[union-attr]
+        mine = drafts.get(rank, [])
+        for u in plan.drafts:
+            caps = [c for c in mine if c.trial == u.key]
+            if not caps:
+                problems.append((f"draft budget {u.key} (for {', '.join(u.users)}) not captured", rank))
+            elif not all(c.complete for c in caps):
+                problems.append((f"draft budget {u.key}'s capture began and never ended", rank))
+            elif set(b for c in caps for b in (c.bs or ())) != set(u.bs):
+                got = sorted({b for c in caps for b in (c.bs or ())})
+                problems.append((f"draft budget {u.key} captured for bs {_short_bs(got)}, its candidates route bs "
+                                 f"{_short_bs(u.bs)} to it", rank))
+        extra = sorted({c.trial for c in mine if c.trial is not None} - {u.key for u in plan.drafts}, reverse=True)
+        for b in extra:
+            problems.append((f"a draft capture for budget {b}, which no candidate routes a captured bs to", rank))
+    if problems:
+        by_what: dict[str, list[str]] = defaultdict(list)
+        for what, rank in problems:
+            by_what[what].append(rank)
+        what, where = next(iter(by_what.items()))
+        details["problems"] = [{"problem": w, "ranks": [_rank(r) for r in rs]} for w, rs in by_what.items()]
+        return Finding(check=check, ok=False,
+                       diagnosis=f"on {', '.join(_rank(r) for r in where)}: {what}"
+                                 + (f"; {len(by_what) - 1} more problem(s)" if len(by_what) > 1 else ""),
+                       fix=_TRIAL_FIX_RUNTIME, details=details)
+    assert plan is not None
+    ranks = sorted(set(drafts) | set(targets))
+    return Finding(check=check, ok=True,
+                   diagnosis=f"the drafter captured once per draft budget on {len(ranks)} rank(s): "
+                             + "; ".join(f"budget {u.key} (bs {_short_bs(u.bs)})" for u in plan.drafts),
+                   details=details)
+
+
+def _check_trial_active(parsed: ParsedJournal, names: list[str], want: str | None) -> Finding:
+    """Which candidate serves (TP0's last `DDTree active:` line), and whether it is the one asked for."""
+    check = "trialset.active"
+    state = journal_mod.trial_state(parsed)
+    if state is None:
+        return Finding(check=check, ok=False, diagnosis="no trial set loaded, so no candidate is active",
+                       fix="see trialset.loaded", details={"expected": want})
+    details = {k: state[k] for k in ("active", "since_step", "configured_active", "announced", "switches", "refusals")}
+    details["expected"] = want
+    current, since = state["active"], state["since_step"]
+    late = [r for r in state["refusals"] if r["after_last_switch"]]
+    if not state["announced"]:
+        if want is not None and want != current:
+            return Finding(check=check, ok=False,
+                           diagnosis=f"the runtime has not said which candidate serves yet (no 'DDTree active:' line); "
+                                     f"the trial-set file configures {current}, {want} was asked for",
+                           fix="wait for the server to be ready, send load, and read the journal again", details=details)
+        return _unknown(check, f"unknown: the runtime has not printed 'DDTree active:' yet (it does when its graphs are "
+                               f"captured); the trial-set file configures {current}", details)
+    if current not in names:
+        return Finding(check=check, ok=False,
+                       diagnosis=f"the runtime serves {current}, which is not a candidate of {', '.join(names)}",
+                       fix=_TRIAL_FIX_RUNTIME, details=details)
+    if want is not None and current != want:
+        # the refusal of what was asked for, else the last of a control file that could not be read
+        refused = [r for r in late if r["candidate"] == want] or [r for r in late if r["candidate"] is None]
+        why = (f"; the control was refused at line {refused[-1]['line']}: {refused[-1]['reason']}" if refused else
+               "; no refusal: the switch is applied at the next meeting of decode steps (every "
+               f"{schedule_mod.CONTROL_EVERY_STEPS_ENV} decode steps), so an idle server has not applied it yet")
+        return Finding(check=check, ok=False,
+                       diagnosis=f"serving {current} since decode step {since}, {want} was asked for" + why,
+                       fix=("write the control file again, atomically, naming a captured candidate "
+                            f"({', '.join(names)})" if refused else
+                            "send load (the switch needs decode steps) and read the journal again"),
+                       details=details)
+    switches = max(len(state["switches"]) - 1, 0)
+    extra = (f"; {len(state['refusals'])} control(s) refused, the last: {state['refusals'][-1]['reason']}"
+             if state["refusals"] else "")
+    return Finding(check=check, ok=True,
+                   diagnosis=f"serving {current} since decode step {since} ({switches} switch(es) since the start)" + extra,
+                   details=details)
+
+
 def _failure_text(f: Failure) -> str:
     text = f.summary[:200]
     if f.headless:
@@ -739,6 +1041,9 @@ def validate_decode(parsed: ParsedJournal, profile: ProfileLike, *, require: boo
         findings.append(_check_draft_tokens(lines, parsed, profile))
     if _schedule(profile) is not None:
         findings.append(_check_band_acceptance(lines, parsed, profile))
+    trials = _trial_candidates(parsed, profile)
+    if trials is not None:
+        findings.append(_check_trial_acceptance(parsed, profile))
     return findings
 
 
@@ -807,6 +1112,56 @@ def _check_band_acceptance(lines: list[DecodeLine], parsed: ParsedJournal, profi
                      f"{r['lines']} line(s)" for r in rows)
     return Finding(check=check, ok=True, diagnosis=f"accepted drafts per round by band: {seen}"
                    + (f" ({straddling} line(s) after a band change not read)" if straddling else ""), details=details)
+
+
+def _check_trial_acceptance(parsed: ParsedJournal, profile: ProfileLike) -> Finding:
+    """A trial set: drafts accepted per round, read back per active candidate and its band (from
+    #running-req): never more than the band's tree holds. A decode line whose interval holds a switch
+    (`mixed`) is not read; a candidate fails when most of its lines are over."""
+    check = "decode.trial_acceptance"
+    state = journal_mod.trial_state(parsed)
+    if state is None:
+        return Finding(check=check, ok=False, diagnosis="no trial set loaded: no candidate to read the decode lines by",
+                       fix="see trialset.loaded", details={})
+    capture_bs = _captured_sizes(parsed, profile)
+    groups: dict[tuple[str, int], list[dict]] = defaultdict(list)
+    mixed = 0
+    for d in state["decodes"]:
+        if not d["running_reqs"] or d["accept_len"] is None:
+            continue
+        if d["mixed"]:
+            mixed += 1
+            continue
+        try:
+            band = schedule_mod.parse_candidate(d["active"]).band_for(d["running_reqs"], capture_bs)
+        except ConfigError:
+            continue
+        groups[(d["active"], band.budget)].append(d)
+    rows, bad = [], []
+    for (cand, budget), ds in groups.items():
+        over = [d for d in ds if d["accept_len"] - 1.0 > budget + PRINT_HALF_ULP]
+        mean = sum(d["accept_len"] for d in ds) / len(ds)
+        rows.append({"candidate": cand, "budget": budget, "lines": len(ds), "accept_len_mean": round(mean, 2),
+                     "lines_over_budget": len(over)})
+        if len(over) * 2 > len(ds):
+            bad.append(rows[-1])
+    details = {"rows": rows, "mixed_lines": mixed, "active": state["active"], "switches": state["switches"]}
+    if not rows:
+        return _unknown(check, "unknown: no decode line under load whose interval stayed with one candidate "
+                               f"({mixed} spanned a switch)", details)
+    if bad:
+        r = bad[0]
+        return Finding(check=check, ok=False,
+                       diagnosis=f"candidate {r['candidate']} (budget {r['budget']} at its batch sizes): "
+                                 f"{r['lines_over_budget']} of {r['lines']} decode lines accept more drafts per round "
+                                 f"than its tree holds (mean accept len {r['accept_len_mean']:.2f}): the runtime is not "
+                                 "serving the candidate its 'DDTree active:' line names",
+                       fix="check the runtime's 'DDTree active:' lines and capture.trial_widths; redeploy a runtime "
+                           "with the live switch", details=details)
+    seen = "; ".join(f"{r['candidate']} (budget {r['budget']}): accept len {r['accept_len_mean']:.2f} over "
+                     f"{r['lines']} line(s)" for r in rows)
+    return Finding(check=check, ok=True, diagnosis=f"accept length by active candidate: {seen}"
+                   + (f" ({mixed} line(s) spanning a switch not read)" if mixed else ""), details=details)
 
 
 def _graph_bound(parsed: ParsedJournal, profile: ProfileLike) -> tuple[int | None, str]:

@@ -45,7 +45,8 @@ def reset_host(lab) -> None:
     lab.run("systemctl stop opsctl-guard-sglang-k26.timer opsctl-drain-sglang-k26.timer sglang-k26 2>/dev/null; "
             "systemctl disable sglang-k26 "
             "2>/dev/null; rm -rf /opt/opsctl/releases /opt/opsctl/current /opt/opsctl/ledger.jsonl "
-            "/opt/opsctl/baselines /opt/opsctl/shared/drafters /etc/systemd/system/sglang-k26.service; "
+            "/opt/opsctl/baselines /opt/opsctl/shared/drafters /opt/opsctl/shared/control "
+            "/etc/systemd/system/sglang-k26.service; "
             "systemctl daemon-reload; systemctl reset-failed 2>/dev/null; true", check=False)
 
 

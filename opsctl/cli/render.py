@@ -17,6 +17,12 @@ def register(app: typer.Typer) -> None:
         profile: str = typer.Argument(..., metavar="PROFILE", help="Profile: ar-tp8, ar-ep8, dflash, ddtree (or one the inventory defines)."),
         budget: Optional[int] = _common.BudgetOpt,
         budget_schedule: Optional[str] = _common.ScheduleOpt,
+        trial_set: Optional[str] = typer.Option(None, "--trial-set", metavar="CANDIDATES",
+                                                help="DDTree trial release (what 'opsctl tune' deploys): budgets "
+                                                "comma-separated and each schedule as its own space-separated part, "
+                                                "e.g. \"4,8,16 1:16,6:0\"; all captured at one start, switched "
+                                                "live by a control file under <install_root>/shared/control/.",
+                                                show_default=False),
         inventory: Optional[Path] = _common.InventoryOpt,
         limit: Optional[str] = _common.LimitOpt,
         out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the files under DIR (host paths kept "
@@ -27,13 +33,20 @@ def register(app: typer.Typer) -> None:
 
         Output is deterministic byte for byte. With --json, prints {host, profile, argv, files, links, digest}.
 
-        Example: opsctl render ddtree --budget 16 -i inventories/blackwell --out /tmp/render
+        Examples:
+
+          opsctl render ddtree --budget 16 -i inventories/blackwell --out /tmp/render
+
+          opsctl render ddtree --trial-set "4,8,16 1:16,6:0" -i inventories/lab
         """
+        from opsctl.trialset import parse_cli
+
         _output.set_json(json_out)
+        candidates = parse_cli(trial_set) if trial_set is not None else None
         inv = _common.inventory(inventory)
         results = []
         for host in inv.select(limit):
-            rendered = render_release(host, host.profile(profile, budget, budget_schedule))
+            rendered = render_release(host, host.profile(profile, budget, budget_schedule, trial_set=candidates))
             results.append(rendered)
             if out is not None:
                 base = out / host.name if len(inv.select(limit)) > 1 else out

@@ -16,11 +16,24 @@ REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
 CASES = [("blackwell", "ar-tp8", None), ("blackwell", "ar-ep8", None), ("blackwell", "dflash", None),
          ("blackwell", "ddtree", 16), ("blackwell", "ddtree", 32), ("lab", "ddtree", 16), ("lab", "ar-tp8", None),
-         ("blackwell", "ddtree", "1:32,8:16,32:0")]  # a budget schedule (str)
+         ("blackwell", "ddtree", "1:32,8:16,32:0"),  # a budget schedule (str)
+         # tune's trial releases (issue #37): every candidate captured at one start (tuple)
+         ("lab", "ddtree", ("4", "8", "16", "1:16,6:0", "1:8,6:0")),
+         ("blackwell", "ddtree", ("8", "16", "32", "1:32,3:16,10:0"))]
+
+
+def _profile(host, prof, budget):
+    if isinstance(budget, tuple):
+        return host.profile(prof, trial_set=budget)
+    if isinstance(budget, str):
+        return host.profile(prof, budget_schedule=budget)
+    return host.profile(prof, budget)
 
 
 def _case_id(case) -> str:
     inv, prof, budget = case
+    if isinstance(budget, tuple):
+        return f"{inv}-{prof}-trial-" + "-".join(c.replace(":", "b").replace(",", "_") for c in budget)
     if isinstance(budget, str):
         return f"{inv}-{prof}-s" + "-".join(p.replace(":", "b") for p in budget.split(","))
     return f"{inv}-{prof}" + (f"-b{budget}" if budget else "")
@@ -30,8 +43,7 @@ def _case_id(case) -> str:
 def test_rendered_files_match_golden(case):
     inv_name, prof, budget = case
     host = next(iter(load_inventory(REPO / "inventories" / inv_name).hosts.values()))
-    rendered = render(host, host.profile(prof, budget_schedule=budget) if isinstance(budget, str)
-                      else host.profile(prof, budget))
+    rendered = render(host, _profile(host, prof, budget))
     out = {**rendered.release_files, "argv.json": json.dumps(rendered.argv, indent=1) + "\n"}
     gdir = GOLDEN / _case_id(case)
     if os.environ.get("OPSCTL_UPDATE_GOLDEN"):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 EMULATOR_SRC = REPO / "opsctl" / "lab" / "emulator"
+RUNTIME_PACKAGE = REPO / "runtime" / "src" / "sglang_ddtree"
 
 # Regexes written against the exact formats in the SGLang 0.5.23 reference (sglang-0.5.23.md).
 PREFIX = r"^\[(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?: (?P<rank>(?:TP|EP|DP|PP)\d+(?: (?:TP|EP|DP|PP)\d+)*))?\] "
@@ -58,6 +59,9 @@ def make_dirs(tmp: Path, block_size: int = 8, ddtree_plugin: bool = True) -> dic
         di.mkdir(parents=True, exist_ok=True)
         (di / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang-ddtree\nVersion: 0.1.0\n")
         (di / "entry_points.txt").write_text("[sglang.srt.plugins]\nddtree = sglang_ddtree.plugin:register\n")
+        pkg = site / "sglang_ddtree"   # the package itself: the emulator runs its pure modules (trial set)
+        if not pkg.exists():
+            pkg.symlink_to(RUNTIME_PACKAGE, target_is_directory=True)
     (tmp / "run").mkdir(exist_ok=True)
     return {"model": model, "drafter": drafter, "site": site, "run": tmp / "run", "faults": tmp / "faults.json"}
 

@@ -46,8 +46,9 @@ def tuned_lab(clean_lab, baselined, tmp_path_factory):
 
 
 def test_tune_finds_the_budget_per_level_measures_its_schedule_and_restores_the_live_release(tuned_lab, tmp_path):
-    p = opsctl("tune", "ddtree", "--budgets", "4,16", "--yes", "--json", "--out", str(tmp_path / "t"),
-               inv=tuned_lab.inv)
+    # one release per trial (the one-restart tune against it: test_tune_onerestart_lab.py)
+    p = opsctl("tune", "ddtree", "--budgets", "4,16", "--restart-per-trial", "--yes", "--json", "--out",
+               str(tmp_path / "t"), inv=tuned_lab.inv)
     assert p.returncode == 0, p.stderr
     res = json.loads(p.stdout.splitlines()[-1])
     assert [t["status"] for t in res["trials"]] == ["measured", "measured", "measured"], res["trials"]

@@ -16,6 +16,7 @@ import time
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from sglang.lab import ddtree_runtime
 from sglang.lab import faults as faults_mod
 from sglang.lab import flags, gpu, perf, startup
 from sglang.lab import schedule as schedule_mod
@@ -84,17 +85,51 @@ def _server_args_repr(args) -> str:
     return "ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in sorted(vars(args).items())) + ")"
 
 
-def _compile(st, rank: str, phase, *, capture_bs: list[int], hidden: int, tp: int) -> None:
-    """The DDTree runtime's Triton compile, one line per specialisation it had to compile (TP0);
-    the kernels are then in the cache, as after a real start (startup.record_compiled)."""
+def _compile_lines(st, rank: str, phase, budgets: set[int] | None = None) -> float:
+    """The DDTree runtime's Triton compile lines (TP0), one per specialisation it had to compile
+    (of `budgets` only, when given: a trial set compiles each budget's head inside its own draft
+    capture); returns the modelled seconds."""
     from sglang.lab.runtime_msgs import DDTREE_COMPILE
 
+    done = 0.0
     for spec, secs in st.compiles:
+        if budgets is not None and spec.budget not in budgets:
+            continue
         phase(secs)
         log(DDTREE_COMPILE.format(**spec.as_dict(), elapsed=secs,
                                   cache=st.compile_cache or "~/.triton/cache"), rank)
+        done += secs
+    return done
+
+
+def _compile(st, rank: str, phase, *, capture_bs: list[int], hidden: int, tp: int) -> None:
+    """The DDTree runtime's Triton compile, one line per specialisation it had to compile (TP0);
+    the kernels are then in the cache, as after a real start (startup.record_compiled)."""
+    _compile_lines(st, rank, phase)
     startup.record_compiled(st.compile_cache, [spec for spec, _ in st.compiles], capture_bs=capture_bs,
                             hidden=hidden, tp=tp)
+
+
+_VALIDATE_FRAMES = [("sglang_ddtree/plugin.py", 88, "validate_server_args", "raise ValueError(...)")]
+_SCHEDULER_INIT = ("sglang/srt/managers/scheduler.py", 3472, "run_scheduler_process",
+                   "scheduler = Scheduler(server_args, port_args, gpu_id, tp_rank, moe_ep_rank, pp_rank, dp_rank)")
+
+
+def _load_trials(num_draft_tokens: int):
+    """The runtime's trial set (SGLANG_DDTREE_TRIAL_SET_FILE), read and checked by the runtime's own
+    `load_trial_set` as its plugin's validate_server_args does (after the schedule file); None
+    without the variable. A file the plugin rejects fails the start with the plugin's ValueError."""
+    if not os.environ.get("SGLANG_DDTREE_TRIAL_SET_FILE"):
+        return None
+    try:
+        trialset = ddtree_runtime.trialset()
+    except ModuleNotFoundError as exc:   # the plugin's entry point names a package that is not there
+        fatal_traceback([("sglang/srt/plugins/__init__.py", 41, "load_plugins", "fn = ep.load()")],
+                        f"ModuleNotFoundError: {exc}")
+    try:
+        return trialset.load_trial_set(num_draft_tokens)
+    except ValueError as exc:
+        fatal_traceback(_VALIDATE_FRAMES, f"ValueError: {exc}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -161,14 +196,40 @@ def main(argv: list[str] | None = None) -> None:
     backend = args.cuda_graph_backend_decode or "full"
     capture_bs = [] if graphs_off else _capture_bs(args, bool(algo))
     schedule = None
+    trials = None
     if algo == "DDTREE":
         try:
             schedule = schedule_mod.load(int(width), capture_bs)
         except ValueError as exc:
-            fatal_traceback([("sglang_ddtree/plugin.py", 88, "validate_server_args", "raise ValueError(...)")],
-                            f"ValueError: {exc}")
+            fatal_traceback(_VALIDATE_FRAMES, f"ValueError: {exc}")
+        trials = _load_trials(int(width))
+    # a DDTree trial set (runtime/README.md, "Trial set and live switch"): the runtime's capture plan,
+    # one target graph set per distinct verify width (widest first) over the captured bs some
+    # candidate routes to it, the drafter once per budget > 0 over the bs routed to that budget
+    verify_plan: list = []
+    draft_plan: list = []
+    band_error = None
+    if trials is not None:
+        trials.set_cuda_graph_bs(None if graphs_off else capture_bs)
+        try:
+            trials.check_graph_bands()
+        except ValueError as exc:   # raised inside the target's capture (a scheduler exception)
+            band_error = str(exc)
+        if band_error is None:
+            verify_plan = trials.verify_plan()
+            draft_plan = [(b, bs, users) for b, bs, users in trials.draft_plan() if bs]
+    trial_widths = None   # verify width -> the width its graphs were captured at (the fault changes one)
     # (num_tokens_per_req, batch sizes) per target-verify graph: one width per captured bs
-    if schedule is None:
+    if trials is not None:
+        captured_width = int(width)
+        groups = [(w, bs or []) for w, bs, _ in verify_plan]
+        drafted_bs = sorted({b for _, bs, _ in draft_plan for b in bs})
+        trial_widths = {w: w for w, _ in groups}
+        if wvt and groups:   # the fault: one width's graphs captured at the wrong width (index `band`)
+            gi = int(wvt.get("band", 0)) if int(wvt.get("band", 0)) < len(groups) else 0
+            trial_widths[groups[gi][0]] = int(wvt["num_tokens_per_req"])
+            groups[gi] = (int(wvt["num_tokens_per_req"]), groups[gi][1])
+    elif schedule is None:
         groups = [(captured_width, capture_bs)]
         drafted_bs = capture_bs
     else:
@@ -183,13 +244,15 @@ def main(argv: list[str] | None = None) -> None:
             lo_bs = schedule.captured_by_band()[band_i] if band_i < len(schedule.bands) else []
             groups = [(int(wvt["num_tokens_per_req"]) if sizes == lo_bs else w, sizes) for w, sizes in groups]
     drafts = algo in ("DFLASH", "DDTREE") and bool(drafted_bs) and not graphs_off
-    budgets = ([b for _, b in schedule.bands] if schedule is not None else [int(width) - 1]) if algo == "DDTREE" else []
+    budgets = ((list(trials.draft_budgets) if trials is not None else [b for _, b in schedule.bands]
+                if schedule is not None else [int(width) - 1]) if algo == "DDTREE" else [])
     vocab = int(model_cfg.get("vocab_size") or model_cfg.get("text_config", {}).get("vocab_size") or 163840)
     hidden = int(model_cfg.get("hidden_size") or model_cfg.get("text_config", {}).get("hidden_size") or 7168)
     try:
         st = startup.plan(groups=[] if graphs_off else groups, drafted_bs=drafted_bs if drafts else [],
                           budgets=budgets, block=block_size, vocab_shard=vocab // max(tp, 1),
-                          skip_warmup=bool(args.skip_server_warmup), dummy_weights=args.load_format == "dummy")
+                          skip_warmup=bool(args.skip_server_warmup), dummy_weights=args.load_format == "dummy",
+                          draft_groups=[(b, bs) for b, bs, _ in draft_plan] if trials is not None and drafts else None)
     except startup.ScaleError as exc:
         startup.fail(str(exc))
     slow = active.get("slow_start")
@@ -229,10 +292,29 @@ def main(argv: list[str] | None = None) -> None:
     if schedule is not None:
         for r in ranks:
             log(f"DDTree budget schedule: {schedule.text} (verify widths {','.join(map(str, schedule.widths))})", r)
+    if trials is not None:   # the plugin's capture hook, every rank: the set, then a line before each width's pair
+        for r in ranks:
+            log(trials.log_line(), r)
+        if band_error is not None:
+            time.sleep(0.05)
+            fatal_traceback(
+                [_SCHEDULER_INIT,
+                 ("sglang_ddtree/plugin.py", 218, "_capture_decode_graph_hook",
+                  "return capture_trial_verify_graphs(original_fn, mr, trials)"),
+                 ("sglang_ddtree/bands.py", 200, "capture_trial_verify_graphs", "trials.check_graph_bands()")],
+                f"ValueError: {band_error}", rank=ranks[0], prefix="Scheduler hit an exception: ", sigquit=True)
+        if graphs_off:   # `bs -`: no capture pairs, as SGLang prints none
+            for w, _, users in verify_plan:
+                for r in ranks:
+                    log(trials.width_line(w, None, users), r)
     cap = active.get("capture_failure")
     if not graphs_off:
         name = "target verify" if algo else "target decode"
         for gi, (gwidth, gbs) in enumerate(groups):
+            if trials is not None:
+                w, _, users = verify_plan[gi]
+                for r in ranks:
+                    log(trials.width_line(w, gbs, users), r)
             for r in ranks:
                 log(f"Capture {name} CUDA graph begin. backend={backend}, num_tokens_per_req={gwidth}, "
                     f"avail mem={avail:.2f} GB", r)
@@ -256,7 +338,26 @@ def main(argv: list[str] | None = None) -> None:
                 log(f"Capture {name} CUDA graph end. bs={gbs}, elapsed={cap_s * startup.rank_factor(i):.2f} s, "
                     f"mem usage={mem_use:.2f} GB, avail mem={avail - mem_use:.2f} GB.", r)
             avail -= mem_use
-        if drafts:
+        if drafts and trials is not None:
+            # the drafter captured once per draft budget, each with that budget's head (whose first
+            # call, inside its capture, compiles that budget's kernels)
+            for b, dbs, users in draft_plan:
+                for r in ranks:
+                    log(trials.draft_line(b, dbs, users), r)
+                for r in ranks:
+                    log(f"Capture draft decode CUDA graph begin. backend={backend}, num_tokens_per_req={block_size}, "
+                        f"avail mem={avail:.2f} GB", r)
+                compile_s = _compile_lines(st, ranks[0], phase, {b})
+                ds = next(s for bb, _, s in st.draft_captures if bb == b)
+                phase(ds)
+                for i, r in enumerate(ranks):
+                    log(f"Capture draft decode CUDA graph end. bs={dbs}, "
+                        f"elapsed={ds * startup.rank_factor(i) + compile_s:.2f} s, mem usage=0.12 GB, "
+                        f"avail mem={avail - 0.12:.2f} GB.", r)
+                avail -= 0.12
+            startup.record_compiled(st.compile_cache, [spec for spec, _ in st.compiles], capture_bs=capture_bs,
+                                    hidden=hidden, tp=max(tp, 1))
+        elif drafts:
             for r in ranks:
                 log(f"Capture draft decode CUDA graph begin. backend={backend}, num_tokens_per_req={block_size}, "
                     f"avail mem={avail:.2f} GB", r)
@@ -270,6 +371,20 @@ def main(argv: list[str] | None = None) -> None:
             avail -= 0.12
     if st.compiles and not drafts:  # no draft graph to capture: the runtime compiles at its first call
         _compile(st, ranks[0], phase, capture_bs=capture_bs, hidden=hidden, tp=max(tp, 1))
+    trial_active = None
+    if trials is not None:
+        # the worker's live switch: the runtime's ActiveCandidate (control file, meetings, lines), TP0
+        # the source; one process here, so no broadcast (every rank would apply the same proposal)
+        try:
+            trial_active = ddtree_runtime.trialset().ActiveCandidate.from_env(
+                trials, is_source=True, broadcast=None, log=lambda line: log(line, ranks[0]))
+        except ValueError as exc:
+            fatal_traceback(
+                [_SCHEDULER_INIT,
+                 ("sglang_ddtree/worker.py", 314, "__init__", "self.ddtree_active = ActiveCandidate.from_env(")],
+                f"ValueError: {exc}", rank=ranks[0], prefix="Scheduler hit an exception: ", sigquit=True)
+        # the end of the worker's init_cuda_graphs: TP0, once
+        log(trial_active.active_line(), ranks[0])
     max_running = args.max_running_requests or 256
     log(f"max_total_num_tokens={MAX_TOTAL_TOKENS}, chunked_prefill_size={args.chunked_prefill_size or 8192}, "
         f"max_prefill_tokens={args.max_prefill_tokens or 16384}, max_running_requests={max_running}, "
@@ -284,7 +399,9 @@ def main(argv: list[str] | None = None) -> None:
         if wvt:
             band_widths[int(wvt.get("band", 0))] = int(wvt["num_tokens_per_req"])
     emu = Emulator(args=args, model=model, algo=algo, width=int(width), captured_width=captured_width,
-                   capture_bs=capture_bs, schedule=schedule, band_captured_widths=band_widths, max_running=max_running, faults=active, tp_prefix=ranks[0],
+                   capture_bs=capture_bs, schedule=schedule, band_captured_widths=band_widths,
+                   trial_active=trial_active, trial_captured_widths=trial_widths, max_running=max_running,
+                   faults=active, tp_prefix=ranks[0],
                    max_total_tokens=MAX_TOTAL_TOKENS, startup=st, t_process=t0, context_len=args.context_length or
                    model_cfg.get("max_position_embeddings", 262144))
     try:

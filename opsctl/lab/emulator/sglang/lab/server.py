@@ -77,8 +77,8 @@ class Histogram:
 
 class Emulator:
     def __init__(self, *, args, model, algo, width, captured_width, capture_bs, max_running, faults, tp_prefix,
-                 max_total_tokens, context_len, schedule=None, band_captured_widths=None, startup=None,
-                 t_process=None):
+                 max_total_tokens, context_len, schedule=None, band_captured_widths=None, trial_active=None,
+                 trial_captured_widths=None, startup=None, t_process=None):
         self.args = args
         self.model = model
         self.algo = algo
@@ -88,6 +88,10 @@ class Emulator:
         # DDTree budget schedule: the step's verify width follows the running batch's band
         self.schedule = schedule
         self.band_captured_widths = band_captured_widths
+        # DDTree trial set: the runtime's ActiveCandidate (sglang_ddtree.trialset), counted and switched at
+        # the start of every decode step; the step's band is the active candidate's for the running batch
+        self.trial_active = trial_active
+        self.trial_captured_widths = trial_captured_widths or {}
         self.step_budget = width - 1 if algo else 0
         self.max_running = max_running
         self.faults = faults
@@ -418,13 +422,22 @@ class Emulator:
             if not self.running:
                 continue
             batch = len(self.running)
-            if self.schedule is not None:
+            if self.trial_active is not None:
+                # the control's meeting step (every SGLANG_DDTREE_CONTROL_EVERY_STEPS decode steps): a new
+                # candidate routes this step already; requests in flight carry on (nothing restarts)
+                self.trial_active.begin_step()
+                self.step_budget = self.trial_active.schedule.budget_for(batch)
+                step_width = self.step_budget + 1
+                graph_width = self.trial_captured_widths.get(step_width, step_width)
+                band_mismatch = graph_width != step_width and batch <= max(self.capture_bs or [0])
+            elif self.schedule is not None:
                 bi = self.schedule.index(batch)
                 self.step_budget = self.schedule.bands[bi][1]
                 step_width = self.step_budget + 1
-                band_mismatch = self.band_captured_widths[bi] != step_width and batch <= max(self.capture_bs or [0])
+                graph_width = self.band_captured_widths[bi]
+                band_mismatch = graph_width != step_width and batch <= max(self.capture_bs or [0])
             else:
-                step_width, band_mismatch = self.width, True
+                step_width, band_mismatch, graph_width = self.width, True, self.captured_width
             if self.crash_on_verify and band_mismatch:
                 b = len(self.running)
                 fatal_traceback(
@@ -433,11 +446,12 @@ class Emulator:
                       "self.replay_prepare(forward_batch, pp_proxy_tensors)"),
                      ("sglang/srt/model_executor/runner/decode_cuda_graph_runner.py", 1187, "replay_prepare",
                       "self.buffers.input_ids[: self.raw_num_token].copy_(forward_batch.input_ids)")],
-                    f"RuntimeError: The size of tensor a ({b * (self.band_captured_widths[bi] if self.schedule else self.captured_width)}) must match the size of "
+                    f"RuntimeError: The size of tensor a ({b * graph_width}) must match the size of "
                     f"tensor b ({b * step_width}) at non-singleton dimension 0",
                     rank=self.rank, prefix="Scheduler hit an exception: ", sigquit=True)
+            banded = self.schedule is not None or self.trial_active is not None
             t_next = after(self.model.step_ms(batch, width=step_width,
-                                              drafting=self.step_budget > 0 if self.schedule else None) / 1000.0)
+                                              drafting=self.step_budget > 0 if banded else None) / 1000.0)
             await until(t_next)
             now = time.monotonic()
             for r in self.running:
@@ -476,7 +490,9 @@ class Emulator:
     def _healthy_drafts_per_round(self, r: Req) -> float:
         base = self.accept_len - 1.0
         cap = float(self.width - 1)
-        if self.schedule is not None:  # this step's band: its budget's acceptance, at most its tree
+        if self.schedule is not None or self.trial_active is not None:
+            # this step's band (of the schedule, or of the trial set's active candidate): its budget's
+            # acceptance, at most its tree
             cap = float(self.step_budget)
             base = perf.ddtree_accept_len(self.step_budget, self.model.block_size) - 1.0 if self.step_budget else 0.0
         if self.model.accept_override is not None:  # the site's collapse: measured, not domain-scaled
@@ -857,16 +873,29 @@ class Emulator:
         rounds = self.total_rounds + self.iv_rounds
         return tokens / rounds if (self.algo and rounds) else (0.0 if self.algo else 1.0)
 
+    def ddtree_status(self) -> dict:
+        """The DDTree plugin's `internal_states[i]["ddtree"]` (its AROUND hook on the scheduler's
+        `_add_speculative`: the worker's `ddtree_status`)."""
+        if self.trial_active is not None:
+            return dict(self.trial_active.status(), trial_set=True)
+        if self.schedule is not None:   # a one-band schedule is named by its budget, as the worker does
+            bands = self.schedule.bands
+            return {"active": str(bands[0][1]) if len(bands) == 1 else self.schedule.text, "trial_set": False}
+        return {"active": str(self.width - 1), "trial_set": False}
+
     def server_info(self) -> dict:
         info = {k: v for k, v in vars(self.args).items()}
+        state = {
+            "avg_spec_accept_length": self.avg_accept_length(),
+            "last_gen_throughput": self.last_gen_throughput,
+            "memory_usage": {"weight": 73.61, "kvcache": 8.79, "cuda_graph": 0.5, "token_capacity": self.max_total_tokens},
+            "load": len(self.running) + len(self.waiting),
+        }
+        if self.algo == "DDTREE":
+            state["ddtree"] = self.ddtree_status()
         info.update({
             "version": "0.5.23",
-            "internal_states": [{
-                "avg_spec_accept_length": self.avg_accept_length(),
-                "last_gen_throughput": self.last_gen_throughput,
-                "memory_usage": {"weight": 73.61, "kvcache": 8.79, "cuda_graph": 0.5, "token_capacity": self.max_total_tokens},
-                "load": len(self.running) + len(self.waiting),
-            }],
+            "internal_states": [state],
             "max_total_num_tokens": self.max_total_tokens,
             "speculative_num_draft_tokens": self.width if self.algo else None,
             "opsctl_lab_emulator": True,

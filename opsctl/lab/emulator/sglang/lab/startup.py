@@ -186,6 +186,8 @@ class Plan:
     memory_pool_s: float
     target_captures: list[tuple[int, list[int], float]] = field(default_factory=list)   # (width, bs, s)
     draft_capture_s: float = 0.0
+    # a DDTree trial set: the drafter captured once per budget, (budget, bs, s) (draft_capture_s is their sum)
+    draft_captures: list[tuple[int, list[int], float]] = field(default_factory=list)
     compiles: list[tuple[Specialisation, float]] = field(default_factory=list)
     compile_cache: str | None = None
     warmup_s: float = 0.0
@@ -200,14 +202,21 @@ class Plan:
 
 
 def plan(*, groups: list[tuple[int, list[int]]], drafted_bs: list[int], budgets: list[int], block: int,
-         vocab_shard: int, skip_warmup: bool, dummy_weights: bool) -> Plan:
+         vocab_shard: int, skip_warmup: bool, dummy_weights: bool,
+         draft_groups: list[tuple[int, list[int]]] | None = None) -> Plan:
+    """`groups`: (num_tokens_per_req, bs) per target graph capture; `drafted_bs`: the drafter's one
+    capture, or `draft_groups`: (budget, bs) per drafter capture (a DDTree trial set: once per budget)."""
     c = constants()
     p = Plan(scale=time_scale(), init_s=c["init_s"],
              weight_load_s=c["weight_load_s"] * (0.1 if dummy_weights else 1.0), memory_pool_s=c["memory_pool_s"],
              warmup_s=0.0 if skip_warmup else c["warmup_s"])
     for width, bs in groups:
         p.target_captures.append((width, bs, len(bs) * (c["capture_per_bs_s"] + c["capture_per_token_s"] * width)))
-    p.draft_capture_s = len(drafted_bs) * c["draft_capture_per_bs_s"]
+    if draft_groups is not None:
+        p.draft_captures = [(b, bs, len(bs) * c["draft_capture_per_bs_s"]) for b, bs in draft_groups]
+        p.draft_capture_s = sum(s for _, _, s in p.draft_captures)
+    else:
+        p.draft_capture_s = len(drafted_bs) * c["draft_capture_per_bs_s"]
     cache, cached = cached_specialisations()
     p.compile_cache = cache
     for b in sorted(set(x for x in budgets if x > 0)):
