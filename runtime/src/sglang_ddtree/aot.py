@@ -494,7 +494,7 @@ def prepare_head(head: DraftTreeHead, batch_sizes: Iterable[int], *, announce: b
     t0 = time.perf_counter()
     w = torch.empty(tuple(head.weight.shape), dtype=head.weight.dtype, device="meta")
     shadow = DraftTreeHead(w, head.budget, head.block, vocab_start=head.vocab_start,
-                           tp_group=_MetaGroup(head.tp) if head.tp > 1 else None,
+                           tp_group=_MetaGroup(head.tp) if head.merge else None, shard_merge=head.merge,
                            max_bs=max(1, head._cap),
                            max_logits_bytes=head.max_logits_bytes, full_rows_max=head.full_rows_max,
                            cfg=head.cfg, impl="triton")

@@ -25,6 +25,12 @@ on this rank's vocabulary shard ``weight [V_shard, H]``:
    merges the shards (exact: the global top-K lies in the union of the
    shards' top-K, global lse = logsumexp of the shards' lse; ties ordered by
    global id as within one shard) and builds the tree.
+   ``tp_group``: an SGLang ``GroupCoordinator`` (``world_size``,
+   ``all_gather_into_tensor(out, inp)``: what the worker passes) or a
+   ``torch.distributed`` process group (wrapped in :class:`DistGroup`; the
+   multi-GPU benchmark ``bench/tp_head.py``).  ``shard_merge=True`` takes the
+   TP > 1 flow (send buffer, the group's all-gather, merge) at world size 1
+   too: that benchmark's one-GPU proof of the collective inside the graph.
 3. Outputs go to static buffers of ``max_bs`` requests; :meth:`trees` returns
    views of them (what a CUDA-graph replay of the call wrote).
 
@@ -72,6 +78,7 @@ class DraftTreeHead:
         full_rows_max: int = DEFAULT_FULL_ROWS_MAX,
         cfg: Optional[dict] = None,
         impl: str = "auto",
+        shard_merge: bool = False,
     ):
         if weight.dim() != 2:
             raise ValueError(f"weight must be [V_shard, H], got {tuple(weight.shape)}")
@@ -83,15 +90,21 @@ class DraftTreeHead:
         self.L = self.block - 1
         self.N = self.budget + 1
         self.vocab_start = int(vocab_start)
+        if _is_process_group(tp_group):
+            tp_group = DistGroup(tp_group)
         ws = 1 if tp_group is None else int(tp_group.world_size)
-        self.tp_group = tp_group if ws > 1 else None
+        if shard_merge and tp_group is None:
+            raise ValueError("shard_merge needs a tp_group")
+        # the shard flow: send buffer, all-gather, merge (TP > 1; at TP 1 only when asked)
+        self.merge = ws > 1 or bool(shard_merge)
+        self.tp_group = tp_group if self.merge else None
         self.tp = ws
         self.Vs = int(self.weight.shape[0])
         self.H = int(self.weight.shape[1])
         V = int(vocab_size) if vocab_size is not None else self.Vs * self.tp
         self.K = min(self.budget, V)  # global top-K
         self.Ks = min(self.K, self.Vs)  # entries one shard contributes
-        if self.tp > 1 and self.vocab_start + self.Vs >= (1 << 29):
+        if self.merge and self.vocab_start + self.Vs >= (1 << 29):
             raise ValueError("DDTREE head: vocabulary ids must be < 2**29")
         if max_logits_bytes is None:
             env = os.environ.get("SGLANG_DDTREE_HEAD_MAX_LOGITS_MB")
@@ -253,7 +266,7 @@ class DraftTreeHead:
         tree_ok = tk.tree_kernel_supported(L, B, K)
         lp = torch.empty((bs, L, K), dtype=torch.float32, device=dev)
         ids = torch.empty((bs, L, K), dtype=torch.int64, device=dev)
-        if self.tp > 1:
+        if self.merge:
             send = torch.empty((rows * (2 * K + 1),), dtype=torch.float32, device=dev)
             s_val, s_id, s_lse = self._send_views(send, rows)
             if self.Ks < K:  # a shard smaller than K: the rest of its list never wins
@@ -267,7 +280,7 @@ class DraftTreeHead:
             logits, rowmap = self._gemm_rows(hid, c0, c1, full, early)
             cfg = self.cfg or tk.regime_config(n * L, self.Vs)
             r0, r1 = c0 * L, c1 * L
-            if self.tp > 1:
+            if self.merge:
                 if self.Ks == K:
                     tk.topk_rows(logits, n * L, K, s_val[r0:r1], s_id[r0:r1], cfg=cfg, rowmap=rowmap,
                                  raw=(s_lse[r0:r1], self.vocab_start), pdl=pdl, early=early)
@@ -291,7 +304,7 @@ class DraftTreeHead:
             else:
                 tk.topk_rows(logits, n * L, K, lp_c, id_c, cfg=cfg, rowmap=rowmap, pdl=pdl, early=early)
                 tk._launch_tree(lp_c.view(n, L, K), id_c.view(n, L, K), tr, pdl=pdl, early=early)
-        if self.tp > 1:
+        if self.merge:
             g = self._gather(send)
             if tree_ok:
                 tr = tk._TreeLaunch(bs, L, K, B, root, dev, out=out)
@@ -318,7 +331,7 @@ class DraftTreeHead:
         full, cr = self.chunk_requests(bs)
         lp = torch.empty((rows, K), dtype=torch.float32, device=dev)
         ids = torch.empty((rows, K), dtype=torch.int64, device=dev)
-        if self.tp > 1:
+        if self.merge:
             send = torch.empty((rows * (2 * K + 1),), dtype=torch.float32, device=dev)
             s_val, s_id, s_lse = self._send_views(send, rows)
             s_val.fill_(NEG)
@@ -330,7 +343,7 @@ class DraftTreeHead:
             if full:
                 logits = logits.view(c1 - c0, self.block, self.Vs)[:, 1:].reshape(r1 - r0, self.Vs)
             x = logits.float()
-            if self.tp == 1:
+            if not self.merge:
                 a, b = top_log_probs(x.view(1, r1 - r0, self.Vs), K)
                 lp[r0:r1], ids[r0:r1] = a[0], b[0]
             else:
@@ -338,13 +351,41 @@ class DraftTreeHead:
                 s_val[r0:r1, : self.Ks] = v
                 s_id[r0:r1, : self.Ks] = (i + self.vocab_start).to(torch.int32)
                 s_lse[r0:r1] = torch.logsumexp(x, dim=-1)
-        if self.tp > 1:
+        if self.merge:
             g = self._gather(send).view(self.tp, -1)
             gv = g[:, : rows * K].reshape(self.tp, rows, K)
             gi = g[:, rows * K: 2 * rows * K].contiguous().view(torch.int32).view(self.tp, rows, K).long()
             gl = g[:, 2 * rows * K:]
             lp, ids = merge_shard_tops(gv, gi, gl, K)
         self._copy_out(build_trees_from_top(lp.view(bs, L, K), ids.view(bs, L, K), B, root), out)
+
+
+def _is_process_group(g) -> bool:
+    if g is None or not torch.distributed.is_available():
+        return False
+    return isinstance(g, torch.distributed.ProcessGroup)
+
+
+class DistGroup:
+    """A ``torch.distributed`` process group behind the two members the head
+    uses of SGLang's ``GroupCoordinator``: ``world_size`` and
+    ``all_gather_into_tensor(out, inp)`` (the ``torch.distributed`` all-gather into
+    one tensor on that group: NCCL captures it in a CUDA graph, gloo runs it eagerly)."""
+
+    def __init__(self, pg):
+        self.pg = pg
+        self.world_size = int(torch.distributed.get_world_size(pg))
+        self.rank = int(torch.distributed.get_rank(pg))
+
+    def all_gather_into_tensor(self, out: torch.Tensor, inp: torch.Tensor):
+        all_gather_single(out, inp, self.pg)
+
+
+def all_gather_single(out: torch.Tensor, inp: torch.Tensor, group=None):
+    """``torch.distributed.all_gather_single`` (where torch has it; the same collective as
+    the ``all_gather_into_tensor`` it deprecates), else ``all_gather_into_tensor``."""
+    fn = getattr(torch.distributed, "all_gather_single", None) or torch.distributed.all_gather_into_tensor
+    fn(out, inp, group=group)
 
 
 class LoopbackGroup:
