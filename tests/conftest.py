@@ -60,6 +60,7 @@ LAB_MODULE_ORDER = ("tests/watch/test_watch_lab.py", "tests/deploy/test_fleet_la
                     "tests/gates/test_workloads_lab.py", "tests/deploy/test_truth_releases_lab.py",
                     "tests/deploy/test_truth_guard_lab.py", "tests/deploy/test_startup_lab.py",
                     "tests/deploy/test_truth_interrupts_lab.py", "tests/tune/test_tune_lab.py",
+                    "tests/tune/test_tune_onerestart_lab.py",
                     "tests/deploy/test_deploy_lab.py", "tests/gates/test_gates_lab.py",
                     "tests/checks/test_checks_lab.py", "tests/deploy/test_interrupts_lab.py",
                     "tests/deploy/test_drain_lab.py", "tests/deploy/test_twice_lab.py",
