@@ -29,6 +29,19 @@ class Ops:
         return proc.returncode, last, proc.stderr
 
 
+def ledger(lab, root: str = "/opt/opsctl") -> list[dict]:
+    """The host's ledger records (a torn or foreign line skipped: the tests that make one read past it)."""
+    out = []
+    for line in lab.run(f"cat {root}/ledger.jsonl", check=False).stdout.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
 def host_snapshot(lab) -> str:
     """Everything a deploy may change on the host, as text."""
     return lab.run(

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labtools import Ops
+from labtools import Ops, ledger
 from opsctl.lab import stream
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,18 +53,6 @@ def running(lab) -> int:
 def health_code(lab) -> int:
     head = _get(lab, "/health").partition(" ")[0]
     return int(head) if head.isdigit() else 0
-
-
-def ledger(lab) -> list[dict]:
-    out = []
-    for line in lab.run(f"cat {ROOT}/ledger.jsonl", check=False).stdout.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
 
 
 def live(lab) -> str:

@@ -12,27 +12,18 @@ import threading
 import time
 from pathlib import Path
 
+from labtools import ledger  # noqa: F401  (the modules import it from here)
+
 REPO = Path(__file__).resolve().parents[2]
 OPSCTL = [sys.executable, "-m", "opsctl"]
 FAST = ("--yes", "--no-gate", "--skip-checks")
 ROOT = "/opt/opsctl"
 
+
 def live(lab) -> dict:
     out = lab.run(f"readlink {ROOT}/current; systemctl is-active sglang-k26; "
                   "systemctl show -p MainPID --value sglang-k26", check=False).stdout.splitlines() + ["", "", ""]
     return {"current": out[0].split("/")[-1], "active": out[1], "pid": out[2]}
-
-
-def ledger(lab) -> list[dict]:
-    out = []
-    for line in lab.run(f"cat {ROOT}/ledger.jsonl", check=False).stdout.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
 
 
 def health(lab) -> int:
