@@ -169,12 +169,3 @@ SSH_OPTIONS = (
     "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=2", "-o", "LogLevel=ERROR",
     "-o", "BatchMode=yes",
 )
-# The lab's own plumbing (guest_run, `opsctl lab ssh`, the tests' polls) rides one multiplexed
-# connection per guest: a key exchange per call cost the lab tier about a fifth of its CPU (ssh +
-# sshd, measured with process accounting). The master dies within 6 s of its guest (keepalives),
-# and down() asks each node's master to exit before halting the guest.
-SSH_CONTROL_DIR = Path("/run/opsctl-lab-ssh")
-SSH_MUX_OPTIONS = (
-    "-o", "ControlMaster=auto", "-o", f"ControlPath={SSH_CONTROL_DIR}/%C", "-o", "ControlPersist=60",
-    "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3",
-)

@@ -49,9 +49,6 @@ SSHD_CONF = """# opsctl lab only: no PAM session per login (no logind scope, no 
 UsePAM no
 PrintMotd no
 PrintLastLog no
-# the controller's lab plumbing multiplexes its calls over one connection (constants.SSH_MUX_OPTIONS):
-# room for the sessions the tests run side by side on one guest
-MaxSessions 64
 """
 
 GUEST_BASHRC = """# ~/.bashrc of root on the opsctl lab host (guest only): a plain Debian root shell.

@@ -221,23 +221,10 @@ def ssh_argv(command: str | None = None, *, tty: bool = False, node: "int | str 
     argv = ["ssh", "-i", str(C.KEY_FILE), *C.SSH_OPTIONS, "-p", str(C.SSH_PORT)]
     if tty:
         argv.append("-t")
-    else:   # an interactive login keeps its own connection (its terminal, its lifetime)
-        C.SSH_CONTROL_DIR.mkdir(mode=0o700, exist_ok=True)
-        argv += C.SSH_MUX_OPTIONS
     argv.append(f"{C.SSH_USER}@{_node(node).guest_ip}")
     if command is not None:
         argv += ["--", command]
     return argv
-
-
-def _stop_ssh_master(node: "int | str | C.LabNode") -> None:
-    """Ask the node's multiplexing master (one our ssh_argv started) to exit: a guest booted
-    again at the same address must not be reached through a connection to the old one."""
-    if not C.SSH_CONTROL_DIR.is_dir():
-        return
-    argv = ssh_argv(node=node)
-    destination = argv.pop()
-    subprocess.run([*argv, "-O", "exit", destination], capture_output=True, timeout=10)
 
 
 def guest_run(command: str, *, timeout: float = 60, stdin: str | None = None,
@@ -447,8 +434,6 @@ def down(say: Say = print, nodes: "list[int | str] | None" = None) -> list[str]:
     require_root()
     targets = list(C.NODES) if nodes is None else [_node(x) for x in nodes]
     with _locked():
-        for n in targets:
-            _stop_ssh_master(n)
         # signal every guest first so they power off side by side, then clean up each
         signalled = [pid for n in targets for pid in _halt(n, say)]
         for pid in signalled:
