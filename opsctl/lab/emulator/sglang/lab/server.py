@@ -105,7 +105,6 @@ class Emulator:
         self.t_process = t_process if t_process is not None else time.monotonic()
         self.scale = startup.scale if startup is not None else startup_mod.DEFAULT_TIME_SCALE
         self.gracefully_exit = False    # SIGTERM: drain (TokenizerManager.gracefully_exit)
-        self.responding = 0             # HTTP answers being written (uvicorn's shutdown lets them finish)
         self.waiting: collections.deque[Req] = collections.deque()
         self.running: list[Req] = []
         self.wakeup: asyncio.Event | None = None
@@ -229,11 +228,9 @@ class Emulator:
         period = WATCHDOG_S / self.scale
         while not self.gracefully_exit:
             await asyncio.sleep(period)
-        forced = False
         while True:
             if os.environ.get("SGL_FORCE_SHUTDOWN", "").lower() in ("1", "true", "yes", "y", "on"):
                 log("Signal SIGTERM received while force shutdown flag set. Force exiting.")
-                forced = True
                 break
             left = self.remaining()
             log(f"Gracefully exiting... Remaining number of requests {len(left)}. "
@@ -242,11 +239,7 @@ class Emulator:
                 await asyncio.sleep(period)
             else:
                 break
-        # the schedulers are asked to exit, then uvicorn stops (server_stop_hook); its shutdown lets the
-        # answers still being written finish (a request done a moment ago is not cut off mid-reply)
-        deadline = time.monotonic() + 5
-        while self.responding and not forced and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        # the schedulers are asked to exit, then uvicorn stops (server_stop_hook)
         log("INFO:     Shutting down")
         log("INFO:     Waiting for application shutdown.")
         log("INFO:     Application shutdown complete.")
@@ -570,11 +563,7 @@ class Emulator:
                         await reader.readline()
                 keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
                 url = urlsplit(target)
-                self.responding += 1
-                try:
-                    status = await self.dispatch(method, url.path, body, writer, keep, query=url.query)
-                finally:
-                    self.responding -= 1
+                status = await self.dispatch(method, url.path, body, writer, keep, query=url.query)
                 log(f'INFO:     {peer[0]}:{peer[1]} - "{method} {target} {version}" {status} {REASONS.get(status, "")}')
                 if not keep:
                     break
