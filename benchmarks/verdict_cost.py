@@ -34,11 +34,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--max-requests", type=int, default=64)
     a = ap.parse_args(argv)
-    from opsctl import confidence as cf
+    from opsctl.gate import interval as cf
     from opsctl import lab
     from opsctl.config import load_inventory
-    from opsctl.flow.bench import load_baseline, measure
-    from opsctl.gates import throughput_decision
+    from opsctl.flow.bench import load_baseline
+    from opsctl.gate.measure import measure
+    from opsctl.gate.decide import throughput_decision
     from opsctl.host.connection import connect
     from opsctl.lab import constants as C
     from opsctl.lab import holder

@@ -6,7 +6,7 @@ under one `opsctl:` mapping, deep-merged all -> groups -> host; SSH facts come f
 the usual `ansible_*` variables.
 
 Every key under `opsctl:` is a field of one of the models here (the gate policy is
-opsctl.gates.GatePolicy): an unknown key, a wrong type or an out-of-range value is a
+opsctl.gate.decide.GatePolicy): an unknown key, a wrong type or an out-of-range value is a
 ConfigError naming the file:line that set it, when the inventory loads.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from opsctl import schedule as schedule_mod
 from opsctl.errors import ConfigError
-from opsctl.gates import GatePolicy  # gates.py imports nothing from config (no cycle)
+from opsctl.gate.decide import GatePolicy  # gate/decide.py imports nothing from config (no cycle)
 from opsctl.host.ssh import SSHSettings
 
 ProfileKind = Literal["autoregressive", "dflash", "ddtree"]
@@ -249,7 +249,7 @@ class WatchNotify(_Strict):
 
 class WatchSettings(_Strict):
     """`opsctl.watch`: the host-side watch that keeps judging a promoted release
-    (opsctl/watch/agent.py, its own systemd unit, installed by every deploy)."""
+    (opsctl/onhost/watch_agent.py, its own systemd unit, installed by every deploy)."""
 
     enabled: bool = False
     mode: Literal["rollback", "alert"] = "rollback"
@@ -1109,7 +1109,7 @@ def _host_config(name: str, groups: tuple[str, ...], merged: dict, directory: Pa
             settings["gate"] = GatePolicy.model_validate(settings["gate"])
         except ValidationError as exc:
             raise head.invalid(exc, ("gate",), "fix the gate policy (opsctl.gate) on that line") from None
-        except ConfigError as exc:  # the workload mix (opsctl/bench/workloads.py)
+        except ConfigError as exc:  # the workload mix (opsctl/gate/workloads.py)
             raise ConfigError(f"{head.of('gate', 'workloads')}: opsctl.gate.workloads: {exc.problem}",
                               exc.fix) from None
     try:

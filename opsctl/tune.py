@@ -3,7 +3,7 @@ none does, on the host's own traffic, and leave the host as it was.
 
 Each budget is deployed as a **trial** (the normal plan/stage/switch/ready/validate path, the
 guard armed), benchmarked over the concurrency sweep on the gate's workload mix against the
-stored baseline (opsctl/flow/bench.measure: rounds until each level's speedup interval is
+stored baseline (opsctl/gate/measure.measure: rounds until each level's speedup interval is
 decided, or the cap), then the next one. Trials are marked `trial` in the ledger and never
 become "last good". Afterwards — always: after a trial that fails to start or validate,
 an error, or Ctrl-C — the release that served before is restored.
@@ -192,7 +192,7 @@ def recommend(trials: list[TrialResult], levels: list[int], baseline_tok_s: dict
 
 
 def _level_results(run, baseline, levels: list[int], confidence: float) -> dict[int, LevelResult]:
-    from opsctl import confidence as cf
+    from opsctl.gate import interval as cf
 
     out = {}
     for c in levels:
@@ -274,8 +274,9 @@ def restart_plan(inventory, budgets: list[int], *, schedule_trial: bool = True, 
 def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None, workload: str | None = None,
          limit: str | None = None, profile_name: str = "ddtree", progress: Callable[[dict], None] | None = None,
          report_dir: Path | None = None, schedule_trial: bool = True) -> TuneResult:
-    from opsctl.bench.workloads import WorkloadSet, parse_mix
-    from opsctl.flow.bench import load_baseline, measure, require_baseline
+    from opsctl.gate.workloads import WorkloadSet, parse_mix
+    from opsctl.flow.bench import load_baseline, require_baseline
+    from opsctl.gate.measure import measure
     from opsctl.flow.deploy import deploy_one
     from opsctl.flow.promote import fallback_release
     from opsctl.flow.ready import wait_ready
@@ -283,7 +284,9 @@ def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None,
     from opsctl.flow.bench import drain_deadline_s
     from opsctl.flow.switch import back_in_pool, switch_drained, disarm_guard, drain_before_switch, switch
     from opsctl.host.connection import connect
-    from opsctl.releases import HostLock, append_ledger, read_state, release_profile
+    from opsctl.releases import read_state, release_profile
+    from opsctl.ledger import append_ledger
+    from opsctl.lock import HostLock
 
     inv = as_inventory(inventory)
     host = inv.single(limit)

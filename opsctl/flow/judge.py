@@ -1,5 +1,5 @@
-"""judge: bench the new release and decide against the stored baseline (opsctl/gates.py
-holds the pure decision); the verdict goes to the ledger."""
+"""judge: bench the new release (opsctl/gate/measure.py) and decide against the stored
+baseline (opsctl/gate/decide.py holds the pure decision); the verdict goes to the ledger."""
 from __future__ import annotations
 
 import shlex
@@ -10,19 +10,19 @@ from typing import Any
 
 from opsctl.config import HostConfig, Profile
 from opsctl.flow.bench import (
-    baseline_paths,
     check_baseline_mix,
     has_baseline,
     load_baseline,
-    measure,
     run_summary,
     save_baseline,
     summary_line,
 )
 from opsctl.flow.steps import GateOutcome, Steps
-from opsctl.gates import judge_with_remeasure, level_table, verdict_summary
+from opsctl.gate.baseline import baseline_paths
+from opsctl.gate.decide import judge_with_remeasure, level_table, verdict_summary
+from opsctl.gate.measure import measure
 from opsctl.host.connection import Connection
-from opsctl.releases import append_ledger
+from opsctl.ledger import append_ledger
 
 
 def bench_and_judge(conn: Connection, host: HostConfig, profile: Profile, release: str, steps: Steps) -> GateOutcome:
@@ -108,7 +108,7 @@ def _ci_text(r) -> str:
 
 
 def store_release_bench(conn: Connection, host: HostConfig, release: str, run) -> None:
-    from opsctl.bench.results import write_jsonl
+    from opsctl.gate.results import write_jsonl
 
     with tempfile.TemporaryDirectory() as tmp:
         local = write_jsonl(run, Path(tmp) / "bench.jsonl")

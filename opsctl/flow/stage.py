@@ -11,7 +11,7 @@ import time
 
 from opsctl import triton, watch, wheelhouse
 from opsctl.artifacts import SyncResult, sync_drafter
-from opsctl.bench import LOADGEN_PATH
+from opsctl.onhost import LOADGEN_PATH
 from opsctl.config import Inventory
 from opsctl.flow.plan import Plan
 from opsctl.flow.steps import Steps

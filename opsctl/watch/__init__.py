@@ -1,6 +1,6 @@
 """The host-side watch, seen from the controller.
 
-The watch itself is `agent.py` (stdlib only, copied to the host as
+The watch itself is `opsctl/onhost/watch_agent.py` (stdlib only, copied to the host as
 `<root>/bin/opsctl-watch.py`, run by its own unit `opsctl-watch-<service>.service`).
 This module renders what a deploy installs for it (configuration JSON, unit file,
 playbook variables) from the inventory's `opsctl.watch`, and reads / pauses /
@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import json
 import shlex
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 from opsctl.config import DRAIN_DEADLINE_DEFAULT_S, BUILTIN_PROFILES, HostConfig, Inventory, profile_names, resolve_profile
 from opsctl.errors import ConfigError, HostError
 from opsctl.host.connection import Connection, connect
 
-from . import agent
+from opsctl.onhost import WATCH_AGENT_PATH
+from opsctl.onhost import watch_agent as agent
 
-AGENT_PATH = Path(__file__).resolve().parent / "agent.py"
 STATE_DIR = PurePosixPath("/var/lib/opsctl-watch")
 EVENT_SCHEMA = agent.EVENT_SCHEMA
 
@@ -49,7 +49,7 @@ def host_config(host: HostConfig) -> dict[str, Any]:
                                overrides=host.settings.profiles)
         rules[name] = w.rules_for(prof, policy.floor_for(prof.kind)).model_dump(mode="json")
     baseline = host.profile(host.baseline_profile)
-    from opsctl.bench.baseline import baseline_paths  # the one name of the stored baseline bench (the gate's)
+    from opsctl.gate.baseline import baseline_paths  # the one name of the stored baseline bench (the gate's)
 
     return {
         "version": 1, "host": host.name, "service": host.service_name, "unit": host.unit_name,
@@ -80,7 +80,7 @@ def unit_text(host: HostConfig) -> str:
 def playbook_vars(host: HostConfig) -> dict[str, Any]:
     """Extra variables of prepare.yml: the watch is (re)installed, or removed, by every deploy."""
     w = host.settings.watch
-    return {"opsctl_watch_enabled": w.enabled, "opsctl_watch_src": str(AGENT_PATH),
+    return {"opsctl_watch_enabled": w.enabled, "opsctl_watch_src": str(WATCH_AGENT_PATH),
             "opsctl_watch_unit": unit_name(host),
             "opsctl_watch_unit_text": unit_text(host) if w.enabled else "",
             "opsctl_watch_config_path": str(config_path(host)),
@@ -154,7 +154,7 @@ def status(inv: Inventory, limit: str | None = None) -> list[dict]:
 
 
 def set_paused(inv: Inventory, paused: bool, *, limit: str | None = None, reason: str | None = None) -> list[dict]:
-    from opsctl.releases import who
+    from opsctl.ledger import who
 
     out = []
     for host in inv.select(limit):

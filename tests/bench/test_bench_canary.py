@@ -6,8 +6,9 @@ import subprocess
 import sys
 
 from bench_fakeserver import FakeSGLang, Schedule
-from opsctl.bench import canary, loadgen
-from opsctl.bench.results import from_records
+from opsctl.gate import canary
+from opsctl.onhost import loadgen
+from opsctl.gate.results import from_records
 
 
 def test_prompts_are_deterministic_from_the_seed():

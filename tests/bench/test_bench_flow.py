@@ -8,9 +8,10 @@ import pytest
 import json
 
 from bench_fakeserver import FakeSGLang, Schedule
-from opsctl.bench import LOADGEN_PATH, loadgen_command
-from opsctl.bench.results import parse_loadgen_output
-from opsctl.gates import GatePolicy, judge
+from opsctl.gate.measure import loadgen_command
+from opsctl.onhost import LOADGEN_PATH
+from opsctl.gate.results import parse_loadgen_output
+from opsctl.gate.decide import GatePolicy, judge
 from opsctl.host.connection import LocalConnection
 
 # max_spread off: the fake servers' millisecond timings spread by tens of percent on a

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from opsctl.bench.canary import CanaryMismatch
-from opsctl.bench.results import BenchLevel, BenchRun
+from opsctl.gate.canary import CanaryMismatch
+from opsctl.gate.results import BenchLevel, BenchRun
 from opsctl.errors import ConfigError
-from opsctl.gates import GatePolicy, finalize, judge, judge_with_remeasure, next_action
+from opsctl.gate.decide import GatePolicy, finalize, judge, judge_with_remeasure, next_action
 
 SITE_BASELINE = {1: 98.0, 4: 330.0, 16: 1000.0}     # autoregressive TP8 (C=1 from the site)
 
@@ -171,7 +171,7 @@ def test_a_level_inside_the_regression_limit_says_so_never_better():
     assert why[4].startswith("pass (-5.0 %, within the -10 % limit")
     assert why[16].startswith("pass (+2.0 %, faster than the baseline")
     assert "accept 3.10 >= floor 2.00" in why[4]
-    from opsctl.gates import verdict_summary
+    from opsctl.gate.decide import verdict_summary
 
     summary = verdict_summary(v)
     assert "C=4: pass (-5.0 %, within the -10 % limit" in summary and "better" not in summary

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench_fakeserver import FakeSGLang, Schedule
-from opsctl.bench import loadgen
+from opsctl.onhost import loadgen
 
 LOADGEN = Path(loadgen.__file__)
 # milliseconds against a known schedule: run with a core each (scripts/test), never beside booting

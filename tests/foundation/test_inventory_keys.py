@@ -16,7 +16,7 @@ import pytest
 
 from opsctl.config import HostConfig, load_inventory
 from opsctl.errors import ConfigError
-from opsctl.gates import GatePolicy
+from opsctl.gate.decide import GatePolicy
 
 REPO = Path(__file__).resolve().parents[2]
 OPSCTL = [sys.executable, "-m", "opsctl"]
@@ -217,8 +217,8 @@ def test_settings_hold_one_gate_policy_model(inv):
     assert host.gate_policy().concurrency == [1, 4, 8]
 
 
-def test_gates_does_not_import_config():
-    code = "import sys, opsctl.gates; assert 'opsctl.config' not in sys.modules; import opsctl.config"
+def test_the_gate_decision_does_not_import_config():
+    code = "import sys, opsctl.gate.decide; assert 'opsctl.config' not in sys.modules; import opsctl.config"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
 
 
@@ -238,8 +238,8 @@ def test_a_profiles_accept_len_floor_is_its_gate_floor(inv):
 
 
 def test_the_profile_floor_fails_a_release_the_kind_floor_would_pass(inv):
-    from opsctl.bench.results import BenchLevel, BenchRun
-    from opsctl.gates import judge
+    from opsctl.gate.results import BenchLevel, BenchRun
+    from opsctl.gate.decide import judge
 
     edit(inv / "group_vars/all.yml", "      readiness_timeout_s: 120\n    ar-tp8",
          "      readiness_timeout_s: 120\n      accept_len_floor: 3.0\n    ar-tp8")

@@ -1,5 +1,5 @@
 """The verdict's statistics hold up (issue #34): the fast version of benchmarks/verdict_stats.py,
-fixed seeds and fewer cases, on the new method only (opsctl/confidence.py, gates.throughput_decision).
+fixed seeds and fewer cases, on the new method only (opsctl/gate/interval.py, gate.decide.throughput_decision).
 
 - a nominal 90 % interval covers the true ratio at least 88 % of the time at n >= 8, on the lab
   emulator's measured rates and on heavy-tailed server-like rates;
@@ -20,7 +20,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import verdict_stats as vs  # noqa: E402
 
-from opsctl.gates import GatePolicy, throughput_decision  # noqa: E402
+from opsctl.gate.decide import GatePolicy, throughput_decision  # noqa: E402
 
 COVERAGE_TARGET = 0.88
 SEED = 34

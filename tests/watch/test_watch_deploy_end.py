@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.watch import agent
+from opsctl.onhost import watch_agent as agent
 
 REPO = Path(__file__).resolve().parents[2]
 STARTED = {"action": "deploy", "result": "started", "to_release": "ddtree-b8-t1"}

@@ -18,7 +18,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))
 from lab_emu import RE_DECODE, Emu  # noqa: E402
 
-from opsctl.watch import agent  # noqa: E402
+from opsctl.onhost import watch_agent as agent  # noqa: E402
 
 DDTREE16 = ["--tp-size", "8", "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "{drafter}",
             "--speculative-num-draft-tokens", "17", "--cuda-graph-max-bs-decode", "64", "--enable-metrics",

@@ -8,7 +8,8 @@ import pytest
 
 from opsctl.config import load_inventory
 from opsctl.errors import ConfigError
-from opsctl.watch import agent, host_config
+from opsctl.onhost import watch_agent as agent
+from opsctl.watch import host_config
 
 REPO_INV = "inventories/lab"
 

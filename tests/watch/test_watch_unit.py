@@ -61,7 +61,7 @@ def test_playbook_vars_install_or_remove(tmp_path):
 def test_agent_is_stdlib_only():
     """The watch runs with the host's python3: it may import nothing outside the standard library."""
     code = ("import sys, ast\n"
-            f"tree = ast.parse(open({str(REPO / 'opsctl/watch/agent.py')!r}).read())\n"
+            f"tree = ast.parse(open({str(REPO / 'opsctl/onhost/watch_agent.py')!r}).read())\n"
             "mods = {n.name.split('.')[0] for x in ast.walk(tree) if isinstance(x, ast.Import) for n in x.names}\n"
             "mods |= {x.module.split('.')[0] for x in ast.walk(tree) if isinstance(x, ast.ImportFrom) and x.module}\n"
             "bad = sorted(m for m in mods if m not in sys.stdlib_module_names and m != '__future__')\n"

@@ -11,7 +11,7 @@ import pytest
 
 from opsctl.config import START_LIMIT_BURST, load_inventory
 from opsctl.errors import ConfigError
-from opsctl.watch import agent
+from opsctl.onhost import watch_agent as agent
 
 REPO = Path(__file__).resolve().parents[2]
 

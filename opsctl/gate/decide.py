@@ -19,7 +19,7 @@ from typing import Annotated, Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from opsctl.bench.results import BenchLevel, BenchRun
+from opsctl.gate.results import BenchLevel, BenchRun
 from opsctl.errors import ConfigError
 from opsctl.findings import Finding
 
@@ -73,7 +73,7 @@ class GatePolicy(BaseModel):
     canary_prompts: int = Field(8, ge=1)
     canary_input_len: int = Field(64, ge=1)
     canary_output_len: int = Field(32, ge=1)
-    # --- workloads and confidence (opsctl/bench/workloads.py, opsctl/confidence.py)
+    # --- workloads and confidence (opsctl/gate/workloads.py, opsctl/gate/interval.py)
     workloads: dict[str, float] = Field(
         default_factory=lambda: {"humaneval": 0.3, "chat": 0.5, "math": 0.2},
         description="the mix the gate measures on (name: weight); 'random' token ids are never the default")
@@ -90,7 +90,7 @@ class GatePolicy(BaseModel):
     @field_validator("workloads")
     @classmethod
     def _known_workloads(cls, v: dict[str, float]) -> dict[str, float]:
-        from opsctl.bench.workloads import parse_mix
+        from opsctl.gate.workloads import parse_mix
 
         return parse_mix(v)
 
@@ -106,7 +106,7 @@ class GatePolicy(BaseModel):
         """The looks at a level's interval the gate plans before the first: every round of the
         measurement and of its one re-measure (`ATTEMPTS`; the re-measure's rounds continue the
         first's) that has `min_requests` samples and so can decide. The interval's confidence is
-        spread over them (opsctl/confidence.py), so a verdict at any look carries the same error rate."""
+        spread over them (opsctl/gate/interval.py), so a verdict at any look carries the same error rate."""
         per_round = self.requests_for(concurrency)
         rounds = ATTEMPTS * self.rounds_at(concurrency)
         return max(1, sum(1 for j in range(1, rounds + 1) if j * per_round >= self.min_requests))
@@ -172,7 +172,7 @@ class LevelRow(BaseModel):
     high_pct: float | None = None
     samples: int | None = None         # candidate requests the interval rests on
     baseline_samples: int | None = None  # baseline requests it rests on
-    method: str | None = None          # the interval's method (opsctl/confidence.py: "log-t")
+    method: str | None = None          # the interval's method (opsctl/gate/interval.py: "log-t")
     confidence_pct: float | None = None  # the gate's confidence over all planned looks (90)
     looks: int | None = None           # planned looks it is spread over; each look at 100 - (100 - conf) / looks
     # what the columns mean: baseline/candidate_tok_s are aggregate output throughput (medians over
@@ -456,8 +456,8 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
 def throughput_decision(policy: GatePolicy, c: int, candidate: list[float], baseline: list[float]):
     """(interval, decision) of level c's speedup from per-request rates: the interval at the
     policy's confidence spread over the level's planned looks, decided against the level's
-    threshold. The one rule the measuring loop (opsctl/flow/bench.py) stops on and `judge` decides by."""
-    from opsctl import confidence as cf
+    threshold. The one rule the measuring loop (opsctl/gate/measure.py) stops on and `judge` decides by."""
+    from opsctl.gate import interval as cf
 
     interval = cf.speedup_interval(candidate, baseline, confidence=policy.confidence, looks=policy.looks_at(c))
     return interval, cf.decide(interval, policy.threshold_at(c), policy.min_requests)
@@ -466,7 +466,7 @@ def throughput_decision(policy: GatePolicy, c: int, candidate: list[float], base
 def _confidence_level(c: int, candidate: BenchRun, baseline: BenchRun, policy: GatePolicy):
     """(interval, decision, per-workload rows, (candidate, baseline) mean per-request tok/s)
     at level c, or None without request samples."""
-    from opsctl import confidence as cf
+    from opsctl.gate import interval as cf
 
     cs, bs = cf.samples_of(candidate.at(c)), cf.samples_of(baseline.at(c))
     if not cs or not bs:
