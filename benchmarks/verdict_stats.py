@@ -91,7 +91,7 @@ def server_population(ratio: float, base_sigma: float = 0.25, cand_sigma: float 
 
 
 def _round_counts(n: int, mix: dict[str, float]) -> dict[str, int]:
-    """The gate's split of a round by workload (opsctl.bench.workloads.WorkloadSet.counts)."""
+    """The gate's split of a round by workload (opsctl.gate.workloads.WorkloadSet.counts)."""
     raw = {k: w * n for k, w in mix.items()}
     counts = {k: int(v) for k, v in raw.items()}
     for k in sorted(raw, key=lambda k: raw[k] - counts[k], reverse=True)[: n - sum(counts.values())]:

@@ -329,7 +329,7 @@ def tune(inventory, budgets: list[int], *, concurrency: list[int] | None = None,
         def bench(conn, host_, plan, steps_):
             tb = time.monotonic()
             t0 = steps_.start("bench", f"trial {label}: levels {','.join(map(str, levels))}")
-            run = measure(conn, host_, policy, baseline=baseline,
+            run = measure(conn, host_, policy, baseline=baseline, spec=host_.analysis(plan.profile, policy),
                           meta={"release": plan.release, "profile": plan.profile.label, "trial": True})
             res = _level_results(run, baseline, levels, policy.confidence)
             steps_.done("bench", t0, ", ".join(f"C={c}: {r.tok_s:.1f} tok/s" for c, r in res.items()))

@@ -26,9 +26,10 @@ from opsctl.ledger import append_ledger
 
 
 def bench_and_judge(conn: Connection, host: HostConfig, profile: Profile, release: str, steps: Steps) -> GateOutcome:
-    """Bench the new release on the host and judge it against the stored baseline.
-    A baseline profile benched on a host with no baseline becomes that baseline."""
+    """Bench the new release on the host and judge it by the profile's analysis against the
+    stored baseline. A baseline profile benched on a host with no baseline becomes that baseline."""
     policy = host.gate_policy(profile)
+    spec = host.analysis(profile, policy)   # the rules; the watch holds the release to the same after promotion
     t0 = steps.start("bench", f"levels {','.join(map(str, policy.concurrency))}, {policy.repeats} repeat(s)")
     meta = {"release": release, "profile": profile.label, "kind": profile.kind}
     is_baseline_kind = profile.kind == "autoregressive"
@@ -43,18 +44,15 @@ def bench_and_judge(conn: Connection, host: HostConfig, profile: Profile, releas
     _, canary_path = baseline_paths(host, host.baseline_profile, policy)
     baseline = load_baseline(conn, host, policy)
     check_baseline_mix(baseline.meta, policy, host)
-    if is_baseline_kind:
-        # a baseline-kind release is held to "no regression", not to a speedup
-        policy = policy.model_copy(update={"min_speedup": -policy.max_regression})
-    first = measure(conn, host, policy, canary_file=canary_path, meta=meta, baseline=baseline)
+    first = measure(conn, host, policy, canary_file=canary_path, meta=meta, baseline=baseline, spec=spec)
     steps.done("bench", t0, summary_line(first))
     t1 = steps.start("judge", f"against the {host.baseline_profile} baseline")
     verdict, run = judge_with_remeasure(
-        lambda: measure(conn, host, policy, canary_file=canary_path, meta=meta, baseline=baseline, prior=first),
+        lambda: measure(conn, host, policy, canary_file=canary_path, meta=meta, baseline=baseline, prior=first,
+                        spec=spec),
         baseline, policy,
         profile_kind=profile.kind, canary_mismatch=first.canary.mismatch if first.canary else None,
-        canary_ran=bool(first.canary and first.canary.compared), first=first,
-        undrafted_levels=undrafted_levels(profile, policy.concurrency))
+        canary_ran=bool(first.canary and first.canary.compared), first=first, spec=spec)
     store_release_bench(conn, host, release, run)
     cols, cells, lines = level_table(verdict.rows)
     steps.progress({"event": "verdict", "host": host.name, "status": verdict.status, "reasons": verdict.reasons,
@@ -69,16 +67,6 @@ def bench_and_judge(conn: Connection, host: HostConfig, profile: Profile, releas
         return GateOutcome(True, "", rec)
     steps.done("judge", t1, verdict.one_line(), status="fail")
     return GateOutcome(False, verdict.one_line(), rec)
-
-
-def undrafted_levels(profile: Profile, levels) -> frozenset[int]:
-    """Levels a budget schedule serves without a tree: a load of C concurrent requests whose
-    full batch of C falls in a budget-0 band (its accept length is 1 by design there)."""
-    sched = profile.schedule
-    if sched is None:
-        return frozenset()
-    cap = profile.captured_batch_sizes
-    return frozenset(c for c in levels if sched.band_for(c, cap).budget == 0)
 
 
 def _row(r) -> dict:

@@ -10,10 +10,11 @@ from opsctl.config import HostConfig, Inventory, Profile
 from opsctl.errors import CheckFailed, ConfigError, HostError
 from opsctl.findings import Finding
 from opsctl.flow.steps import GateOutcome, Steps, as_inventory
+from opsctl.gate.measure import onhost_program
 from opsctl.host import facts
 from opsctl.host.connection import Connection, connect
-from opsctl.releases import read_state, release_profile
 from opsctl.ledger import append_ledger
+from opsctl.releases import read_state, release_profile
 
 # --------------------------------------------------------------------------- startup validation
 
@@ -44,7 +45,7 @@ def run_probe(conn: Connection, host: HostConfig, profile: Profile, since: int |
 
 
 def run_loadgen(conn: Connection, host: HostConfig, args: list[str], *, timeout: float = 900) -> str:
-    cmd = (f"{host.host_python} {host.install_root}/bin/opsctl-loadgen.py "
+    cmd = (f"{host.host_python} {onhost_program(host)} loadgen "
            f"--url http://127.0.0.1:{host.http_port} --json {' '.join(shlex.quote(a) for a in args)}")
     res = conn.run(cmd, check=False, timeout=timeout)
     if not res.ok:

@@ -1,24 +1,50 @@
 """measure: the gate's smoke bench on the host itself, in rounds until each level's speedup
 interval is decided (`decide.throughput_decision`), through the load generator of the
-host-side package (opsctl/onhost/loadgen.py, run there with the host's python3)."""
+host-side package (opsctl/onhost/loadgen.py, in `<root>/bin/opsctl-onhost.pyz`, run there
+with the host's python3)."""
 from __future__ import annotations
 
 import json
 import re
 import shlex
+import tempfile
+from pathlib import Path
 from typing import Any, Callable
 
 from opsctl.config import HostConfig
 from opsctl.errors import HostError
+from opsctl.gate import interval as cf
+from opsctl.gate.decide import throughput_decision
+from opsctl.gate.results import from_records, parse_jsonl_text
+from opsctl.gate.workloads import WorkloadSet, mix_key
 from opsctl.host.connection import Connection
+from opsctl.onhost import ARCHIVE_NAME, archive
+from opsctl.onhost.analysis import AnalysisSpec
 
 
-def loadgen_command(policy: Any, *, url: str, remote_path: str = "/tmp/opsctl-loadgen.py", python: str = "python3",
+def onhost_program(host: HostConfig) -> str:
+    """Where the host-side package's archive lives on the host (staged by every deploy)."""
+    return f"{host.install_root}/bin/{ARCHIVE_NAME}"
+
+
+def ensure_onhost_program(conn: Connection, host: HostConfig) -> str:
+    """The archive's path on the host, sent first when the host has none (a host benched
+    before its first deploy staged it)."""
+    remote = onhost_program(host)
+    if not conn.run(f"test -f {shlex.quote(remote)}", check=False).ok:
+        with tempfile.TemporaryDirectory() as tmp:
+            local = Path(tmp) / ARCHIVE_NAME
+            local.write_bytes(archive())
+            conn.put(local, remote, mode=0o755)
+    return remote
+
+
+def loadgen_command(policy: Any, *, url: str, remote_path: str = f"/tmp/{ARCHIVE_NAME}", python: str = "python3",
                     make_canary: bool = False, canary_file: str | None = None, quiet: bool = False) -> str:
-    """The shell command that runs the copied loadgen.py on the host with a
-    `GatePolicy`'s bench (JSON lines on stdout, progress on stderr)."""
-    argv = [python, remote_path, "--url", url, *policy.loadgen_args(make_canary=make_canary, canary_file=canary_file),
-            "--json"]
+    """The shell command that runs the load generator of the host-side archive (at
+    `remote_path`) on the host with a `GatePolicy`'s bench (JSON lines on stdout, progress on stderr)."""
+    argv = [python, remote_path, "loadgen", "--url", url,
+            *policy.loadgen_args(make_canary=make_canary, canary_file=canary_file), "--json"]
     if quiet:
         argv.append("--quiet")
     return shlex.join(argv)
@@ -60,13 +86,15 @@ def _progress_relay(progress: Callable[[Any], None] | None, rnd: int = 0) -> Cal
 
 
 def measure(conn: Connection, host: HostConfig, policy, *, make_canary: bool = False, canary_file: str | None = None,
-            progress: Callable[[Any], None] | None = None, meta: dict | None = None, baseline=None, prior=None):
+            progress: Callable[[Any], None] | None = None, meta: dict | None = None, baseline=None, prior=None,
+            spec: AnalysisSpec | None = None):
     """Run the policy's bench on the host itself (network out of the numbers), on the
     policy's workload mix, level by level in rounds of max(C, requests_per_level) requests.
 
-    With a `baseline`, a level stops as soon as its speedup interval clears the gate's
-    threshold either way (`decide.throughput_decision`: the interval's confidence is spread over
-    the level's planned looks, so stopping early costs no error), or at `max_requests`: a clear
+    With a `baseline` (and the release's analysis `spec`: its thresholds), a level stops as
+    soon as its speedup interval clears the gate's threshold either way
+    (`decide.throughput_decision`: the interval's confidence is spread over the level's
+    planned looks, so stopping early costs no error), or at `max_requests`: a clear
     win or loss costs fewer requests than a close call. Without one (a baseline being measured)
     every level runs to `max_requests`, so later candidates have all of its samples.
 
@@ -74,16 +102,9 @@ def measure(conn: Connection, host: HostConfig, policy, *, make_canary: bool = F
     the first stopped: each look counts the first's samples too, a level the first already
     decided is not measured again (its decision stands), and the round numbers continue (the
     requests are new ones)."""
-    from opsctl.gate import interval as cf
-    from opsctl.gate.results import from_records
-    from opsctl.gate.workloads import WorkloadSet, mix_key
-    from opsctl.gate.decide import throughput_decision
-
-    remote = f"{host.install_root}/bin/opsctl-loadgen.py"
-    if not conn.run(f"test -f {remote}", check=False).ok:
-        from opsctl.onhost import LOADGEN_PATH
-
-        conn.put(LOADGEN_PATH, remote, mode=0o755)
+    if baseline is not None and spec is None:
+        raise ValueError("measuring against a baseline stops on the analysis' thresholds: pass spec")
+    remote = ensure_onhost_program(conn, host)
     url = f"http://127.0.0.1:{host.http_port}"
     workdir = f"{host.install_root}/.bench"
     conn.run(f"mkdir -p {workdir}")
@@ -97,7 +118,7 @@ def measure(conn: Connection, host: HostConfig, policy, *, make_canary: bool = F
         base_rates = cf.rates(cf.samples_of(baseline.at(level))) if baseline is not None else None
         before = cf.rates(cf.samples_of(prior.at(level))) if prior is not None else []
         first_rounds = policy.rounds_at(level) if prior is not None else 0
-        if base_rates and before and throughput_decision(policy, level, before, base_rates)[1] != "inconclusive":
+        if base_rates and before and throughput_decision(policy, level, before, base_rates, spec)[1] != "inconclusive":
             stopped[level] = "decided by the first measurement"
             continue
         sent, rnd = 0, 0
@@ -107,7 +128,8 @@ def measure(conn: Connection, host: HostConfig, policy, *, make_canary: bool = F
                            for r in reqs)
             path = f"{workdir}/requests-c{level}-r{rnd}.jsonl"
             conn.run(f"cat > {path}", stdin=body)
-            argv = [str(host.host_python), remote, "--url", url, "--concurrency", str(level), "--requests-file", path,
+            argv = [str(host.host_python), remote, "loadgen", "--url", url, "--concurrency", str(level),
+                    "--requests-file", path,
                     "--requests-per-level", str(per_round), "--repeats", "1", "--output-len", str(policy.output_len),
                     "--input-len", str(policy.input_len), "--seed", str(policy.seed),
                     "--warmup", str(policy.warmup if first else 0), "--json"]
@@ -117,7 +139,7 @@ def measure(conn: Connection, host: HostConfig, policy, *, make_canary: bool = F
             rnd += 1
             if base_rates is not None:
                 cand = before + cf.rates(cf.samples_of(r for r in records if r.get("max_concurrency") == level))
-                decision = throughput_decision(policy, level, cand, base_rates)[1]
+                decision = throughput_decision(policy, level, cand, base_rates, spec)[1]
                 if decision != "inconclusive":
                     stopped[level] = (f"{decision} after {sent} requests (round {first_rounds + rnd}; "
                                       f"{policy.looks_at(level)} looks planned)")
@@ -126,7 +148,8 @@ def measure(conn: Connection, host: HostConfig, policy, *, make_canary: bool = F
             stopped[level] = f"cap of {sent} requests"
     conn.run(f"rm -rf {workdir}", check=False)
     if make_canary or canary_file:
-        argv = [str(host.host_python), remote, "--url", url, "--canary-only", "--seed", str(policy.seed), "--json"]
+        argv = [str(host.host_python), remote, "loadgen", "--url", url, "--canary-only", "--seed", str(policy.seed),
+                "--json"]
         argv += (["--canary-file", canary_file] if canary_file else
                  ["--canary-prompts", str(policy.canary_prompts), "--canary-input-len", str(policy.canary_input_len),
                   "--canary-output-len", str(policy.canary_output_len)])
@@ -141,8 +164,6 @@ def measure(conn: Connection, host: HostConfig, policy, *, make_canary: bool = F
 
 
 def _run_loadgen(conn: Connection, host: HostConfig, argv: list[str], progress, rnd: int) -> list[dict]:
-    from opsctl.gate.results import parse_jsonl_text
-
     res = conn.run(shlex.join(argv), check=False, timeout=3600, on_stderr_line=_progress_relay(progress, rnd))
     if not res.ok:
         tail = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:] or [""]
@@ -160,9 +181,8 @@ def measure_via_tunnel(host: HostConfig, policy, *, progress=None, meta: dict | 
     """Run the bench from this machine through an SSH tunnel to the host's port."""
     import socket
 
-    from opsctl.onhost import loadgen
-    from opsctl.gate.results import from_records
     from opsctl.host.connection import SSHConnection
+    from opsctl.onhost import loadgen
 
     conn = SSHConnection(host)
     fab = conn._connection()

@@ -230,11 +230,11 @@ def test_a_profiles_accept_len_floor_is_its_gate_floor(inv):
          "      accept_len_floor: 3.25\n    ar-tp8")
     host = load_inventory(inv).hosts["lab"]
     ddtree = host.profile("ddtree", 16)
-    assert host.gate_policy().floor_for("ddtree") == 2.0                 # the gate's floor for the kind
-    assert host.gate_policy(ddtree).floor_for("ddtree") == 3.25          # the profile's own
-    assert host.gate_policy(ddtree).floor_for("dflash") == 2.0           # other kinds keep theirs
-    assert host.gate_policy(host.profile("dflash")).floor_for("dflash") == 2.0
-    assert host.gate_policy(host.profile("ar-tp8")).floor_for("autoregressive") is None
+    assert host.gate_policy().analysis("ddtree").accept_length.floor == 2.0   # the gate's floor for the kind
+    assert host.analysis(ddtree).accept_length.floor == 3.25                  # the profile's own
+    assert host.analysis(host.profile("dflash")).accept_length.floor == 2.0   # other kinds keep theirs
+    assert host.analysis(host.profile("ar-tp8")).accept_length.floor is None
+    assert host.gate_policy(ddtree).accept_length_floor["ddtree"] == 3.25     # as the verdict records the policy
 
 
 def test_the_profile_floor_fails_a_release_the_kind_floor_would_pass(inv):

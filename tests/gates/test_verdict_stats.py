@@ -79,10 +79,10 @@ def test_the_lab_verdict_cases_decide_as_before_in_the_first_round(lab_data, cas
 
 
 def test_the_measuring_loop_and_the_judge_share_one_rule():
-    """gates.throughput_decision is what measure() stops on and judge() decides by: the
-    interval at the policy's confidence spread over the level's looks."""
+    """gate.decide.throughput_decision is what measure() stops on and judge() decides by: the
+    interval at the analysis' confidence spread over the level's looks the policy plans."""
     policy = GatePolicy(concurrency=[1, 8], requests_per_level=8, min_requests=8, max_requests=16)
     base = [100.0 + (i % 5) for i in range(16)]
-    iv, decision = throughput_decision(policy, 8, [r * 0.98 for r in base[:8]], base)
+    iv, decision = throughput_decision(policy, 8, [r * 0.98 for r in base[:8]], base, policy.analysis("ddtree"))
     assert iv.looks == 4 and iv.method == "log-t" and decision == "pass"
     assert "90 % CI over 4 looks, 97.5 % each; log-t; 8 vs 16 requests" in iv.pct()
