@@ -89,9 +89,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=8, help="rounds of 8 requests per level (default 8: 64 requests)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "data" / "lab_rates.json")
     a = ap.parse_args(argv)
-    from opsctl import confidence as cf
-    from opsctl.bench import loadgen
-    from opsctl.bench.workloads import WorkloadSet
+    from opsctl.gate import interval as cf
+    from opsctl.onhost import loadgen
+    from opsctl.gate.workloads import WorkloadSet
     from opsctl.config import load_inventory
 
     policy = load_inventory(ROOT / "inventories" / "lab").hosts["lab"].gate_policy()

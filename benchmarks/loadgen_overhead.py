@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Load generator overhead: can `opsctl/bench/loadgen.py` drive C=256 streams
+"""Load generator overhead: can `opsctl/onhost/loadgen.py` drive C=256 streams
 without being the bottleneck?
 
 A fast stub server (asyncio, SGLang's native SSE format with cumulative
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import multiprocessing
 import os
@@ -37,11 +36,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load_loadgen():
-    spec = importlib.util.spec_from_file_location("loadgen", ROOT / "opsctl" / "bench" / "loadgen.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["loadgen"] = mod          # dataclasses look their module up while the class is built
-    spec.loader.exec_module(mod)
-    return mod
+    """The host-side package's load generator, as the host runs it (standard library only)."""
+    sys.path.insert(0, str(ROOT))
+    from opsctl.onhost import loadgen
+
+    return loadgen
 
 
 # --------------------------------------------------------------------------- stub server

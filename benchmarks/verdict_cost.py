@@ -34,11 +34,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--max-requests", type=int, default=64)
     a = ap.parse_args(argv)
-    from opsctl import confidence as cf
+    from opsctl.gate import interval as cf
     from opsctl import lab
     from opsctl.config import load_inventory
-    from opsctl.flow.bench import load_baseline, measure
-    from opsctl.gates import throughput_decision
+    from opsctl.flow.bench import load_baseline
+    from opsctl.gate.measure import measure
+    from opsctl.gate.decide import throughput_decision
     from opsctl.host.connection import connect
     from opsctl.lab import constants as C
     from opsctl.lab import holder
@@ -70,13 +71,15 @@ def main(argv=None) -> int:
                 try:
                     baseline = load_baseline(conn, host, base_policy)
                     t0 = time.monotonic()
-                    run = measure(conn, host, policy, baseline=baseline)
+                    spec = host.analysis(host.profile(prof, 16), policy)
+                    run = measure(conn, host, policy, baseline=baseline, spec=spec)
                     wall = time.monotonic() - t0
                 finally:
                     conn.close()
                 cand = cf.rates(cf.samples_of(run.at(level)))
-                iv, decision = throughput_decision(policy, level, cand, cf.rates(cf.samples_of(baseline.at(level))))
-                thr = policy.threshold_at(level)
+                iv, decision = throughput_decision(policy, level, cand, cf.rates(cf.samples_of(baseline.at(level))),
+                                                   spec)
+                thr = spec.throughput.threshold_at(level)
                 rows.append((label, level, f"{(thr - 1) * 100:+.0f} %", len(cand), decision,
                              iv.pct() if iv else "-", wall))
                 lab.clear_fault(None)

@@ -5,9 +5,9 @@ spend to decide - the method before issue #34 against the current one.
 
     old: percentile bootstrap of the ratio of mean per-request tok/s (2,000 resamples), 90 %
          at every look; the re-measure starts its rounds afresh and the merged runs are judged.
-    new: opsctl/confidence.py - log-t interval (Welch t on the log ratio of means), the gate's
+    new: opsctl/gate/interval.py - log-t interval (Welch t on the log ratio of means), the gate's
          90 % spread over the level's planned looks (Bonferroni); the re-measure continues the
-         rounds (`GatePolicy.looks_at`, `gates.throughput_decision`).
+         rounds (`GatePolicy.looks_at`, `gate.decide.throughput_decision`).
 
 Per-request rates are drawn two ways:
     lab     resampled from benchmarks/data/lab_rates.json: the lab's emulator measured the way
@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from opsctl import confidence as cf  # noqa: E402
+from opsctl.gate import interval as cf  # noqa: E402
 
 LAB_RATES = ROOT / "benchmarks" / "data" / "lab_rates.json"
 CONFIDENCE = 0.90
@@ -91,7 +91,7 @@ def server_population(ratio: float, base_sigma: float = 0.25, cand_sigma: float 
 
 
 def _round_counts(n: int, mix: dict[str, float]) -> dict[str, int]:
-    """The gate's split of a round by workload (opsctl.bench.workloads.WorkloadSet.counts)."""
+    """The gate's split of a round by workload (opsctl.gate.workloads.WorkloadSet.counts)."""
     raw = {k: w * n for k, w in mix.items()}
     counts = {k: int(v) for k, v in raw.items()}
     for k in sorted(raw, key=lambda k: raw[k] - counts[k], reverse=True)[: n - sum(counts.values())]:
@@ -145,7 +145,7 @@ def lab_population(level: int, ratio: float | None = None, candidate: str = "ddt
 # --------------------------------------------------------------------------- the gate's rounds
 @dataclass(frozen=True)
 class GateShape:
-    """A level's measuring as configured (opsctl.gates.GatePolicy)."""
+    """A level's measuring as configured (opsctl.gate.decide.GatePolicy)."""
     name: str
     per_round: int       # max(C, requests_per_level)
     cap: int             # max(max_requests, per_round)
@@ -218,7 +218,7 @@ def _workload_fails(cand: list[tuple[str, float]], base: list[tuple[str, float]]
         return False
     by_c = {w: [r for x, r in cand if x == w] for w in names}
     by_b = {w: [r for x, r in base if x == w] for w in names}
-    if interval is None:  # new: opsctl.confidence.workload_intervals
+    if interval is None:  # new: opsctl.gate.interval.workload_intervals
         ivs = cf.workload_intervals(by_c, by_b, confidence=CONFIDENCE, looks=2 * len(names))
     else:
         ivs = {w: interval(by_c[w], by_b[w], rng) if by_c[w] and by_b[w] else None for w in names}

@@ -5,7 +5,7 @@ usage chunk) against the token-id path (`/generate`, SGLang's native SSE), per o
 at C = 1, 16, 64, 256.
 
 A stub server (separate processes, loopback) streams one token every GAP ms in either
-format; the client is `opsctl/bench/loadgen.py` driven with the requests the gate sends
+format; the client is `opsctl/onhost/loadgen.py` driven with the requests the gate sends
 (humaneval / chat / math prompts from opsctl's workloads). The client's own CPU time
 (process_time of this process) per streamed token is the number that matters: it must stay
 far below the server's per-token time so the client never limits a measurement.
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import multiprocessing
 import os
@@ -32,11 +31,11 @@ sys.path.insert(0, str(ROOT))
 
 
 def _load_loadgen():
-    spec = importlib.util.spec_from_file_location("loadgen", ROOT / "opsctl" / "bench" / "loadgen.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["loadgen"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    """The host-side package's load generator, as the host runs it (standard library only)."""
+    sys.path.insert(0, str(ROOT))
+    from opsctl.onhost import loadgen
+
+    return loadgen
 
 
 async def _handle(reader, writer, ttft: float, gap: float) -> None:
@@ -145,7 +144,7 @@ def main(argv=None) -> int:
     ap.add_argument("--gap-ms", type=float, default=20.0)
     ap.add_argument("--output-len", type=int, default=48)
     a = ap.parse_args(argv)
-    from opsctl.bench.workloads import WorkloadSet, parse_mix
+    from opsctl.gate.workloads import WorkloadSet, parse_mix
 
     lg = _load_loadgen()
     ws = WorkloadSet.load(parse_mix("humaneval:0.3,chat:0.5,math:0.2"), input_len=128)

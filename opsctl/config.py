@@ -6,7 +6,7 @@ under one `opsctl:` mapping, deep-merged all -> groups -> host; SSH facts come f
 the usual `ansible_*` variables.
 
 Every key under `opsctl:` is a field of one of the models here (the gate policy is
-opsctl.gates.GatePolicy): an unknown key, a wrong type or an out-of-range value is a
+opsctl.gate.decide.GatePolicy): an unknown key, a wrong type or an out-of-range value is a
 ConfigError naming the file:line that set it, when the inventory loads.
 """
 from __future__ import annotations
@@ -22,7 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from opsctl import schedule as schedule_mod
 from opsctl import trialset as trialset_mod
 from opsctl.errors import ConfigError
-from opsctl.gates import GatePolicy  # gates.py imports nothing from config (no cycle)
+from opsctl.gate.decide import GatePolicy  # gate/decide.py imports nothing from config (no cycle)
+from opsctl.onhost.analysis import AnalysisSpec, build_spec
 from opsctl.host.ssh import SSHSettings
 
 ProfileKind = Literal["autoregressive", "dflash", "ddtree"]
@@ -271,7 +272,7 @@ class WatchNotify(_Strict):
 
 class WatchSettings(_Strict):
     """`opsctl.watch`: the host-side watch that keeps judging a promoted release
-    (opsctl/watch/agent.py, its own systemd unit, installed by every deploy)."""
+    (opsctl/onhost/watch_agent.py, its own systemd unit, installed by every deploy)."""
 
     enabled: bool = False
     mode: Literal["rollback", "alert"] = "rollback"
@@ -297,14 +298,10 @@ class WatchSettings(_Strict):
                                    ("rules", name, *exc.errors()[0]["loc"])) from None
         return self
 
-    def rules_for(self, profile: "Profile", gate_floor: float | None) -> WatchRules:
-        rules = WatchRules(**{**self.defaults.model_dump(exclude_unset=True), **(self.rules.get(profile.name) or {})})
-        if profile.kind == "autoregressive":
-            return rules.model_copy(update={"accept_len_floor": None})
-        if rules.accept_len_floor is None:
-            floor = profile.accept_len_floor if profile.accept_len_floor is not None else gate_floor
-            rules = rules.model_copy(update={"accept_len_floor": floor})
-        return rules
+    def rules_of(self, profile_name: str) -> WatchRules:
+        """A profile's rules as configured (`rules.<profile>` over `defaults`); its floor, when
+        not set here, is resolved with the gate's by the profile's analysis (HostConfig.analysis)."""
+        return WatchRules(**{**self.defaults.model_dump(exclude_unset=True), **(self.rules.get(profile_name) or {})})
 
 
 START_LIMIT_BURST = 3  # templates/sglang.service.j2: the starts systemd allows in StartLimitIntervalSec
@@ -578,6 +575,16 @@ class HostConfig(_Strict):
             policy = policy.model_copy(update={"accept_length_floor": {
                 **policy.accept_length_floor, profile.kind: profile.accept_len_floor}})
         return policy
+
+    def analysis(self, profile: Profile | None, policy: GatePolicy | None = None) -> AnalysisSpec:
+        """The rules `profile`'s releases are held to on this host (opsctl/onhost/analysis.py): by
+        the gate before promotion and by the watch after it, from `opsctl.gate` (or `policy`, the
+        bench a caller planned from it) and `opsctl.watch`, in one place. None: a profile the
+        inventory does not name (the watch's defaults)."""
+        policy = policy or self.gate_policy(profile)
+        fields = profile.model_dump(mode="json") if profile is not None else {"name": "", "kind": ""}
+        return build_spec(fields, policy.model_dump(mode="json"),
+                          self.settings.watch.rules_of(fields["name"]).model_dump(mode="json"), deploy=True)
 
     def profile(self, name: str, budget: int | None = None, budget_schedule: str | None = None, *,
                 trial_set: list[str] | tuple[str, ...] | None = None) -> Profile:
@@ -1164,7 +1171,7 @@ def _host_config(name: str, groups: tuple[str, ...], merged: dict, directory: Pa
             settings["gate"] = GatePolicy.model_validate(settings["gate"])
         except ValidationError as exc:
             raise head.invalid(exc, ("gate",), "fix the gate policy (opsctl.gate) on that line") from None
-        except ConfigError as exc:  # the workload mix (opsctl/bench/workloads.py)
+        except ConfigError as exc:  # the workload mix (opsctl/gate/workloads.py)
             raise ConfigError(f"{head.of('gate', 'workloads')}: opsctl.gate.workloads: {exc.problem}",
                               exc.fix) from None
     try:

@@ -1,30 +1,19 @@
-"""Releases on a host: ids, what is live, the ledger, and the deploy lock.
+"""Releases on a host: ids, what is live and what the ledger says about them (the ledger
+itself is opsctl/ledger.py, the deploy lock opsctl/lock.py).
 
 A release id is content-addressed (profile slug + digest of rendered files and
 shipped artifacts), so deploying the same thing twice names the same release and
-changes nothing. The ledger (`<root>/ledger.jsonl`) is append-only and lives on the
-host, so every controller sees the same history.
+changes nothing.
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import getpass
 import hashlib
-import json
-import os
-import shlex
-import socket
-import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Iterable
 
 from opsctl.config import HostConfig, Profile
-from opsctl.errors import HostError, LockHeldError
 from opsctl.host import facts
-from opsctl.host.connection import Connection, SSHConnection
+from opsctl.host.connection import Connection
 
 
 def release_id(profile_slug: str, rendered_digest: str, runtime_sha: str | None, drafter_digest: str | None,
@@ -40,18 +29,6 @@ def profile_slug(rid: str) -> str:
     """The profile slug a release id starts with (`ddtree-b16` of `ddtree-b16-3ca2783571`):
     what a start of the release is compared under (the same profile and budget)."""
     return rid.rsplit("-", 1)[0] if "-" in rid else rid
-
-
-def who() -> str:
-    try:
-        user = getpass.getuser()
-    except Exception:  # noqa: BLE001 - no passwd entry in some containers
-        user = str(os.getuid())
-    return f"{user}@{socket.gethostname()}"
-
-
-def now_iso() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -231,119 +208,6 @@ def read_state(conn: Connection, host: HostConfig) -> HostState:
         facts.ServiceState(host.unit_name), facts.FileExists(f"{root}/ledger.jsonl"))
     return HostState(current=current, releases={rid: ReleaseInfo(rid, m) for rid, m in manifests.items()},
                      ledger=records, ledger_errors=problems, service=service, ledger_exists=exists)
-
-
-LEDGER_APPEND = Path(__file__).resolve().parent.parent / "playbooks" / "files" / "opsctl-ledger-append"
-
-
-def _ledger_append_source() -> str:
-    return LEDGER_APPEND.read_text()
-
-
-_ROLLOUT: contextvars.ContextVar[str | None] = contextvars.ContextVar("opsctl_rollout", default=None)
-
-
-@contextlib.contextmanager
-def ledger_rollout(rollout_id: str | None) -> Iterator[None]:
-    """Every ledger record written inside names the rollout it belongs to."""
-    token = _ROLLOUT.set(rollout_id)
-    try:
-        yield
-    finally:
-        _ROLLOUT.reset(token)
-
-
-def append_ledger(conn: Connection, host: HostConfig, record: dict[str, Any]) -> dict:
-    """One record, appended by the host-side appender (playbooks/files/opsctl-ledger-append,
-    sent inline so it works before the first playbook ran): one write under an flock,
-    fsynced, a torn last line moved aside first."""
-    rollout = _ROLLOUT.get()
-    rec = {"ts": now_iso(), "host": host.name, "who": who(), **({"rollout": rollout} if rollout else {}), **record}
-    line = json.dumps(rec, sort_keys=False, default=str)
-    res = conn.run(f"{host.host_python} -c {shlex.quote(_ledger_append_source())} "
-                   f"{shlex.quote(str(host.install_root / 'ledger.jsonl'))}", stdin=line + "\n", check=False)
-    if not res.ok:
-        raise HostError(f"could not append to the ledger on {host.name}: "
-                        f"{(res.stderr.strip().splitlines() or ['exit %d' % res.rc])[-1]}",
-                        f"free space under {host.install_root} on the host, then run 'opsctl status'")
-    return rec
-
-
-def lock_command(root: str, holder: str) -> str:
-    """The host command that holds the deploy lock while its stdin (the SSH channel) is open.
-    The holder record (`holder`, a JSON object) gets the host-side pid of the shell that holds
-    the flock (`host_pid`): a refusal checks it, so a record left by a holder that is gone is
-    never reported as the holder; the record is removed when the lock is let go."""
-    hf = shlex.quote(f"{root}/.lock.holder")
-    inner = (f"trap 'rm -f {hf}' EXIT; trap 'exit 1' HUP INT TERM; "
-             f"printf '%s, \"host_pid\": %s}}' {shlex.quote(holder[:-1])} $$ > {hf}; echo LOCKED; cat >/dev/null")
-    return f"mkdir -p {shlex.quote(root)} && exec flock -n -E 75 {shlex.quote(f'{root}/.lock')} sh -c {shlex.quote(inner)}"
-
-
-class HostLock:
-    """flock on `<root>/.lock`, held by a long-running SSH command for as long as the
-    deploy runs; it is released when the controller exits or dies (the channel closes)."""
-
-    def __init__(self, conn: Connection, host: HostConfig, action: str):
-        self.conn, self.host, self.action = conn, host, action
-        self._channel = None
-
-    def __enter__(self) -> "HostLock":
-        if not isinstance(self.conn, SSHConnection):  # local connections: tests only
-            return self
-        root = self.host.install_root
-        holder = json.dumps({"who": who(), "pid": os.getpid(), "action": self.action, "since": now_iso()})
-        fab = self.conn._connection()
-        transport = fab.client.get_transport()
-        chan = transport.open_session()
-        chan.exec_command(lock_command(str(root), holder))
-        buf = b""
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            if chan.recv_ready():
-                buf += chan.recv(1024)
-                if b"LOCKED" in buf:
-                    self._channel = chan
-                    return self
-            if chan.exit_status_ready():
-                break
-            time.sleep(0.02)
-        rc = chan.recv_exit_status() if chan.exit_status_ready() else -1
-        chan.close()
-        if rc == 75:
-            desc = describe_holder(self.conn, self.host)
-            raise LockHeldError(f"host {self.host.name} is locked by {desc}",
-                                "wait for that run to finish ('opsctl status' shows progress), then try again")
-        raise HostError(f"could not take the deploy lock on {self.host.name} (exit {rc})",
-                        "check that flock (util-linux) is installed on the host")
-
-    def __exit__(self, *exc) -> None:
-        if self._channel is not None:
-            try:
-                self._channel.shutdown_write()
-                self._channel.close()
-            except Exception:  # noqa: BLE001 - the lock dies with the channel anyway
-                pass
-            self._channel = None
-
-
-def describe_holder(conn: Connection, host: HostConfig) -> str:
-    """Who holds the deploy lock, from `<root>/.lock.holder`, for a refusal. The record names
-    the host-side process holding the flock (`host_pid`: the controller's shell, or the watch
-    itself); a record whose process is gone is stale (its holder exited without clearing it,
-    e.g. killed) and is never named as the holder (issue #32 item 12)."""
-    hf = shlex.quote(str(host.install_root / ".lock.holder"))
-    held = conn.run(f"cat {hf} 2>/dev/null", check=False).stdout.strip()
-    try:
-        info = json.loads(held)
-    except ValueError:
-        info = None
-    if not isinstance(info, dict):
-        return "another opsctl run"
-    pid = info.get("host_pid")
-    if isinstance(pid, int) and pid > 0 and not conn.run(f"kill -0 {pid} 2>/dev/null", check=False).ok:
-        return f"another opsctl run (the holder record names {info.get('who')}, whose process has exited: stale)"
-    return f"{info.get('who')} (pid {info.get('pid')}, {info.get('action')} since {info.get('since')})"
 
 
 def release_profile(info: ReleaseInfo | None, host: HostConfig) -> Profile:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from opsctl.bench.results import BenchRun
-from opsctl.gates import Verdict
+from opsctl.gate.results import BenchRun
+from opsctl.gate.decide import Verdict
 
 PLOT_SIZE_IN = (15.0, 4.0)
 PLOT_DPI = 100
@@ -188,7 +188,7 @@ def plot_png(run: BenchRun, path: str | Path, baseline: BenchRun | None = None, 
 
 def per_workload_accept(run: BenchRun) -> dict[str, list[tuple[int, float]]]:
     """{workload: [(level, accept length), ...]} from the run's request samples."""
-    from opsctl import confidence as cf
+    from opsctl.gate import interval as cf
 
     out: dict[str, list[tuple[int, float]]] = {}
     for c in run.concurrencies():
@@ -203,7 +203,7 @@ def per_workload_accept(run: BenchRun) -> dict[str, list[tuple[int, float]]]:
 def workload_rows(run: BenchRun, baseline: BenchRun | None, verdict: Verdict | None) -> list[list[str]]:
     """Per level and workload: requests, mean request tok/s, speedup with its interval, accept
     length against the baseline's: where a release wins and where it loses."""
-    from opsctl import confidence as cf
+    from opsctl.gate import interval as cf
 
     rows = []
     by_level = {r.concurrency: r for r in (verdict.rows if verdict else [])}
@@ -223,7 +223,7 @@ def workload_rows(run: BenchRun, baseline: BenchRun | None, verdict: Verdict | N
 def _baseline_accept(baseline: BenchRun | None, samples: list, workload: str) -> str:
     """The baseline's accept length for a workload's row: an autoregressive baseline reports none
     (no drafts to accept) but emits one token per forward step, and says so instead of "-"."""
-    from opsctl import confidence as cf
+    from opsctl.gate import interval as cf
 
     if baseline is None or not samples:
         return "no baseline"

@@ -18,6 +18,11 @@ import re
 from dataclasses import dataclass
 
 from opsctl.errors import ConfigError
+# SGLang's capture list and the padding to it: one copy, shared with the host (opsctl/onhost/capture.py)
+from opsctl.onhost.capture import captured_batch_sizes, pad_to_captured
+
+__all__ = ["SCHEDULE_FILE", "SCHEDULE_ENV", "FUSED_TREE_MAX_BUDGET", "RUNTIME_MAX_BUDGET", "EXAMPLE", "Band",
+           "BudgetSchedule", "parse", "captured_batch_sizes", "pad_to_captured", "check_for_server", "check_budget"]
 
 SCHEDULE_FILE = "ddtree-schedule.json"
 SCHEDULE_ENV = "SGLANG_DDTREE_SCHEDULE_FILE"
@@ -138,30 +143,6 @@ def parse(text: str, *, what: str = "--budget-schedule") -> BudgetSchedule:
         raise ConfigError(f"{what} {text!r}: every band has budget 0 (no speculation at all)",
                           "deploy the autoregressive baseline (ar-tp8) instead, or give a band a budget")
     return BudgetSchedule(tuple(bands))
-
-
-def captured_batch_sizes(max_bs: int, max_running_requests: int | None = None) -> list[int]:
-    """The decode batch sizes SGLang 0.5.23 captures for a speculative server with
-    --cuda-graph-max-bs-decode `max_bs` (generate_decode_cuda_graph_batch_sizes, spec
-    case; clamped to --max-running-requests as get_batch_sizes_to_capture does)."""
-    bs = (list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 65, 4)) + list(range(72, 257, 8))
-          + list(range(272, max_bs + 1, 16)))
-    bs = [b for b in bs if b <= max_bs]
-    if max_bs not in bs:
-        bs.append(max_bs)
-    if max_running_requests:
-        if max(bs) > max_running_requests:
-            bs.append(max_running_requests)
-        bs = [b for b in bs if b <= max_running_requests]
-    return sorted(set(bs))
-
-
-def pad_to_captured(batch: int, capture_bs: list[int] | None) -> int:
-    if not capture_bs:
-        return batch
-    cs = sorted(capture_bs)
-    i = bisect.bisect_left(cs, batch)
-    return cs[i] if i < len(cs) else batch
 
 
 def check_for_server(schedule: BudgetSchedule, *, capture_bs: list[int],

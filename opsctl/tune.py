@@ -7,7 +7,7 @@ start — each budget of `--budgets` and every budget schedule the per-level win
 normal plan/stage/switch/ready/validate path, the guard armed); then, for each candidate in turn,
 its control file names it, warm-up requests run until `/server_info` says it serves
 (opsctl/trialswitch.py), and the same bench as a restart-per-trial tune measures it over the
-concurrency sweep on the gate's workload mix against the stored baseline (opsctl/flow/bench.measure:
+concurrency sweep on the gate's workload mix against the stored baseline (opsctl/gate/measure.measure:
 rounds until each level's speedup interval is decided, or the cap).
 
 **One restart per trial** (`--restart-per-trial`, today's way, and the fallback when the trials
@@ -268,7 +268,7 @@ def recommend(trials: list[TrialResult], levels: list[int], baseline_tok_s: dict
 
 
 def _level_results(run, baseline, levels: list[int], confidence: float) -> dict[int, LevelResult]:
-    from opsctl import confidence as cf
+    from opsctl.gate import interval as cf
 
     out = {}
     for c in levels:
@@ -456,7 +456,7 @@ def plan_tune(inventory, budgets: list[int], *, concurrency: list[int] | None = 
               limit: str | None = None, profile_name: str = "ddtree", schedule_trial: bool = True,
               restart_per_trial: bool = False, apply: bool = False, lean: bool = False) -> TunePlan:
     """The tune's plan from the inventory and the flags; ConfigError (nothing touched) on bad input."""
-    from opsctl.bench.workloads import WorkloadSet, parse_mix
+    from opsctl.gate.workloads import WorkloadSet, parse_mix
     from opsctl.flow.steps import as_inventory
 
     if lean and not apply:
@@ -1020,7 +1020,7 @@ class SshTuneHost:
             # release that reads it too is being replaced; a restore writes its own choice back)
             from opsctl import trialswitch
             from opsctl.host.connection import connect
-            from opsctl.releases import HostLock
+            from opsctl.lock import HostLock
             from opsctl.trialset import control_path
 
             conn = connect(self.host)
@@ -1061,13 +1061,14 @@ class SshTuneHost:
         return sw.as_dict()
 
     def measure(self, label: str) -> dict[int, LevelResult]:
-        from opsctl.flow.bench import measure
+        from opsctl.gate.measure import measure
 
         live = self._live
         assert live is not None, "measure runs while a trial release serves"
         policy, levels = self.plan.policy, self.plan.levels
         t0 = live.steps.start("bench", f"trial {label}: levels {','.join(map(str, levels))}")
         run = measure(live.conn, self.host, policy, baseline=self.baseline,
+                      spec=self.host.analysis(live.plan.profile, policy),
                       meta={"release": live.plan.release, "profile": live.plan.profile.label, "trial": True,
                             "candidate": label})
         res = _level_results(run, self.baseline, levels, policy.confidence)
@@ -1102,7 +1103,9 @@ class SshTuneHost:
         from opsctl.flow.promote import fallback_releases, prune
         from opsctl.flow.switch import arm_guard, disarm_guard
         from opsctl.host.connection import connect
-        from opsctl.releases import HostLock, append_ledger, release_profile
+        from opsctl.ledger import append_ledger
+        from opsctl.lock import HostLock
+        from opsctl.releases import release_profile
 
         host, steps = self.host, self.steps
         conn = connect(host)
@@ -1152,7 +1155,7 @@ class SshTuneHost:
         from opsctl import trialswitch
         from opsctl.flow.switch import disarm_guard
         from opsctl.host.connection import connect
-        from opsctl.releases import HostLock
+        from opsctl.lock import HostLock
 
         host, steps = self.host, self.steps
         conn = connect(host)
@@ -1177,7 +1180,9 @@ class SshTuneHost:
         from opsctl.flow.ready import wait_ready
         from opsctl.flow.switch import back_in_pool, disarm_guard, drain_before_switch, switch, switch_drained
         from opsctl.host.connection import connect
-        from opsctl.releases import HostLock, append_ledger, read_state, release_profile
+        from opsctl.ledger import append_ledger
+        from opsctl.lock import HostLock
+        from opsctl.releases import read_state, release_profile
         from opsctl.trialset import control_path
 
         host, steps = self.host, self.steps

@@ -122,10 +122,10 @@ def _bench_url(url: str, *, concurrency: Optional[list[int]], input_len: Optiona
                request_timeout: float, progress: Optional[Callable[[Any], None]], workload: Optional[str] = None):
     import tempfile
 
-    from opsctl.bench import loadgen
-    from opsctl.bench.results import from_records
-    from opsctl.bench.workloads import WorkloadSet, mix_key, parse_mix
-    from opsctl.gates import GatePolicy
+    from opsctl.onhost import loadgen
+    from opsctl.gate.results import from_records
+    from opsctl.gate.workloads import WorkloadSet, mix_key, parse_mix
+    from opsctl.gate.decide import GatePolicy
 
     pol = GatePolicy()
     mix = parse_mix(workload) if workload else None
@@ -227,7 +227,7 @@ def register(app: typer.Typer) -> None:
             if save_baseline:
                 raise ConfigError("--save-baseline needs --inventory (the baseline is stored on the host)",
                                   "opsctl bench --inventory DIR --save-baseline")
-            from opsctl.gates import GatePolicy
+            from opsctl.gate.decide import GatePolicy
             with _LevelProgress(reps or GatePolicy().repeats) as prog:
                 run = _bench_url(url, concurrency=levels, input_len=input_len, output_len=output_len,
                                  requests_per_level=requests_per_level, repeats=reps, warmup=warmup, seed=seed,
@@ -243,7 +243,7 @@ def register(app: typer.Typer) -> None:
                                            "requests_per_level": requests_per_level, "repeats": repeats,
                                            "warmup": warmup, "seed": seed}.items() if v is not None}
             if workload:
-                from opsctl.bench.workloads import parse_mix
+                from opsctl.gate.workloads import parse_mix
 
                 overrides["workloads"] = parse_mix(workload)
             inv_loaded = _common.inventory(inventory)
@@ -257,7 +257,7 @@ def register(app: typer.Typer) -> None:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         for name, run in runs.items():
             if out is not None:
-                from opsctl.bench.results import write_jsonl
+                from opsctl.gate.results import write_jsonl
                 label = str(run.meta.get("release") or name).split("://", 1)[-1]
                 safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)
                 written.append(write_jsonl(run, out / f"bench-{safe}-{stamp}.jsonl"))
@@ -282,7 +282,7 @@ def register(app: typer.Typer) -> None:
         json_out: bool = _common.JsonOpt,
     ) -> None:
         """Per-level deltas of B against A (medians over repeats)."""
-        from opsctl.bench.results import read_jsonl
+        from opsctl.gate.results import read_jsonl
         from opsctl.report import compare
 
         _output.set_json(json_out)
@@ -314,7 +314,7 @@ def register(app: typer.Typer) -> None:
 
           opsctl bench import pasted-summary.txt --out results/
         """
-        from opsctl.bench.results import FORMAT_TEXT, import_results, write_jsonl
+        from opsctl.gate.results import FORMAT_TEXT, import_results, write_jsonl
         from opsctl.report import level_label
 
         _output.set_json(json_out)
@@ -361,8 +361,8 @@ def register(app: typer.Typer) -> None:
 
           opsctl report run.jsonl --baseline baseline.jsonl --out report/
         """
-        from opsctl.bench.results import read_jsonl
-        from opsctl.gates import GatePolicy, judge
+        from opsctl.gate.results import read_jsonl
+        from opsctl.gate.decide import GatePolicy, judge
         from opsctl.report import write_report
 
         _output.set_json(json_out)

@@ -64,7 +64,7 @@ class _StepPrinter:
 
 
 def _print_verdict(ev: dict) -> None:
-    """The verdict in 80 columns: a narrow table (opsctl.gates.level_table), its legend and one
+    """The verdict in 80 columns: a narrow table (opsctl.gate.decide.level_table), its legend and one
     line per level with the judged quantity, then the reasons and notes."""
     tab = ev.get("table")
     title = f"{ev['host']}: verdict {ev.get('status', '').upper()}"

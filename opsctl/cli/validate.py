@@ -63,7 +63,7 @@ def _offline(from_file: Path, profile_name: Optional[str], budget: Optional[int]
              budget_schedule: Optional[str] = None, start: str = "last") -> None:
     from opsctl import journal
     from opsctl.config import resolve_profile
-    from opsctl.validate import (expectations_from_log, validate, validate_decode, validate_excerpt,
+    from opsctl.journal_findings import (expectations_from_log, validate, validate_decode, validate_excerpt,
                                  validate_startup)
 
     if profile_name is None and (budget is not None or budget_schedule is not None):

@@ -35,7 +35,8 @@ from opsctl.findings import Finding
 from opsctl.flow.validate import validate_release
 from opsctl.host import facts
 from opsctl.host.connection import Connection, connect
-from opsctl.releases import HostLock, append_ledger, ledger_rollout
+from opsctl.ledger import append_ledger, ledger_rollout
+from opsctl.lock import HostLock
 
 # --------------------------------------------------------------------------- deploy
 
@@ -80,7 +81,7 @@ def deploy(inventory: str | Path | Inventory, profile_name: str, budget: int | N
     hosts = inv.select(limit)
     profiles = {h.name: h.profile(profile_name, budget, budget_schedule) for h in hosts}  # all bad input before any host I/O
     if gates and not dry_run:
-        from opsctl.bench.workloads import WorkloadSet
+        from opsctl.gate.workloads import WorkloadSet
 
         for h in hosts:  # a malformed workload file is bad input: found before anything is deployed
             WorkloadSet.load(h.gate_policy().workloads)

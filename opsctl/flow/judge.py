@@ -1,5 +1,5 @@
-"""judge: bench the new release and decide against the stored baseline (opsctl/gates.py
-holds the pure decision); the verdict goes to the ledger."""
+"""judge: bench the new release (opsctl/gate/measure.py) and decide against the stored
+baseline (opsctl/gate/decide.py holds the pure decision); the verdict goes to the ledger."""
 from __future__ import annotations
 
 import shlex
@@ -10,25 +10,26 @@ from typing import Any
 
 from opsctl.config import HostConfig, Profile
 from opsctl.flow.bench import (
-    baseline_paths,
     check_baseline_mix,
     has_baseline,
     load_baseline,
-    measure,
     run_summary,
     save_baseline,
     summary_line,
 )
 from opsctl.flow.steps import GateOutcome, Steps
-from opsctl.gates import judge_with_remeasure, level_table, verdict_summary
+from opsctl.gate.baseline import baseline_paths
+from opsctl.gate.decide import judge_with_remeasure, level_table, verdict_summary
+from opsctl.gate.measure import measure
 from opsctl.host.connection import Connection
-from opsctl.releases import append_ledger
+from opsctl.ledger import append_ledger
 
 
 def bench_and_judge(conn: Connection, host: HostConfig, profile: Profile, release: str, steps: Steps) -> GateOutcome:
-    """Bench the new release on the host and judge it against the stored baseline.
-    A baseline profile benched on a host with no baseline becomes that baseline."""
+    """Bench the new release on the host and judge it by the profile's analysis against the
+    stored baseline. A baseline profile benched on a host with no baseline becomes that baseline."""
     policy = host.gate_policy(profile)
+    spec = host.analysis(profile, policy)   # the rules; the watch holds the release to the same after promotion
     t0 = steps.start("bench", f"levels {','.join(map(str, policy.concurrency))}, {policy.repeats} repeat(s)")
     meta = {"release": release, "profile": profile.label, "kind": profile.kind}
     is_baseline_kind = profile.kind == "autoregressive"
@@ -43,18 +44,15 @@ def bench_and_judge(conn: Connection, host: HostConfig, profile: Profile, releas
     _, canary_path = baseline_paths(host, host.baseline_profile, policy)
     baseline = load_baseline(conn, host, policy)
     check_baseline_mix(baseline.meta, policy, host)
-    if is_baseline_kind:
-        # a baseline-kind release is held to "no regression", not to a speedup
-        policy = policy.model_copy(update={"min_speedup": -policy.max_regression})
-    first = measure(conn, host, policy, canary_file=canary_path, meta=meta, baseline=baseline)
+    first = measure(conn, host, policy, canary_file=canary_path, meta=meta, baseline=baseline, spec=spec)
     steps.done("bench", t0, summary_line(first))
     t1 = steps.start("judge", f"against the {host.baseline_profile} baseline")
     verdict, run = judge_with_remeasure(
-        lambda: measure(conn, host, policy, canary_file=canary_path, meta=meta, baseline=baseline, prior=first),
+        lambda: measure(conn, host, policy, canary_file=canary_path, meta=meta, baseline=baseline, prior=first,
+                        spec=spec),
         baseline, policy,
         profile_kind=profile.kind, canary_mismatch=first.canary.mismatch if first.canary else None,
-        canary_ran=bool(first.canary and first.canary.compared), first=first,
-        undrafted_levels=undrafted_levels(profile, policy.concurrency))
+        canary_ran=bool(first.canary and first.canary.compared), first=first, spec=spec)
     store_release_bench(conn, host, release, run)
     cols, cells, lines = level_table(verdict.rows)
     steps.progress({"event": "verdict", "host": host.name, "status": verdict.status, "reasons": verdict.reasons,
@@ -69,16 +67,6 @@ def bench_and_judge(conn: Connection, host: HostConfig, profile: Profile, releas
         return GateOutcome(True, "", rec)
     steps.done("judge", t1, verdict.one_line(), status="fail")
     return GateOutcome(False, verdict.one_line(), rec)
-
-
-def undrafted_levels(profile: Profile, levels) -> frozenset[int]:
-    """Levels a budget schedule serves without a tree: a load of C concurrent requests whose
-    full batch of C falls in a budget-0 band (its accept length is 1 by design there)."""
-    sched = profile.schedule
-    if sched is None:
-        return frozenset()
-    cap = profile.captured_batch_sizes
-    return frozenset(c for c in levels if sched.band_for(c, cap).budget == 0)
 
 
 def _row(r) -> dict:
@@ -108,7 +96,7 @@ def _ci_text(r) -> str:
 
 
 def store_release_bench(conn: Connection, host: HostConfig, release: str, run) -> None:
-    from opsctl.bench.results import write_jsonl
+    from opsctl.gate.results import write_jsonl
 
     with tempfile.TemporaryDirectory() as tmp:
         local = write_jsonl(run, Path(tmp) / "bench.jsonl")

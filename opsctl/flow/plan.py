@@ -14,7 +14,8 @@ from opsctl.errors import ConfigError, HostError
 from opsctl.host import facts
 from opsctl.host.connection import Connection
 from opsctl.integrity import site_files, verify_release
-from opsctl.releases import HostState, now_iso, read_state, release_id, who
+from opsctl.releases import HostState, read_state, release_id
+from opsctl.ledger import now_iso, who
 from opsctl.render import Rendered, env_python, render
 
 # --------------------------------------------------------------------------- plan

@@ -16,7 +16,9 @@ from opsctl.flow.bench import drain_deadline_s
 from opsctl.flow.switch import back_in_pool, switch_drained, disarm_guard, drain_before_switch, require_room, stop_service, switch
 from opsctl.host.connection import Connection, connect
 from opsctl.integrity import Integrity, verify_release
-from opsctl.releases import HostLock, HostState, append_ledger, ledger_lost_problem, read_state, release_profile
+from opsctl.releases import HostState, ledger_lost_problem, read_state, release_profile
+from opsctl.ledger import append_ledger
+from opsctl.lock import HostLock
 
 
 GAP_FIELDS = ("drain_s", "stop_s", "start_s", "gap_s", "inflight_at_start", "aborted")

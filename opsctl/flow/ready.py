@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from opsctl import journal, validate
+from opsctl import journal, journal_findings
 from opsctl.config import HostConfig, Profile
 from opsctl.errors import DeployFailed, OpsctlError
 from opsctl.flow.steps import Steps
@@ -91,7 +91,7 @@ def with_start_diagnosis(conn: Connection, host: HostConfig, profile: Profile, s
 
     try:
         parsed = journal.parse(facts.get(conn, facts.JournalWindow(host.unit_name, since)))
-        failed = [f for f in validate.validate_startup(parsed, profile) if not f.ok]
+        failed = [f for f in journal_findings.validate_startup(parsed, profile) if not f.ok]
     except OpsctlError:
         return exc
     if exc.details.get("timed_out"):

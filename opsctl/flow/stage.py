@@ -11,7 +11,7 @@ import time
 
 from opsctl import triton, watch, wheelhouse
 from opsctl.artifacts import SyncResult, sync_drafter
-from opsctl.bench import LOADGEN_PATH
+from opsctl.onhost import archive as onhost_archive
 from opsctl.config import Inventory
 from opsctl.flow.plan import Plan
 from opsctl.flow.steps import Steps
@@ -182,7 +182,8 @@ def _release_vars(plan: Plan, env_wheelhouse: str) -> dict:
         # ddtree: the release's `triton` link to its runtime wheel's cache (shared/cache/triton/<sha12>)
         "opsctl_triton_cache_id": (triton.cache_id(plan.runtime_sha)
                                    if plan.profile.kind == "ddtree" and plan.runtime_sha else ""),
-        "opsctl_loadgen_src": str(LOADGEN_PATH),
+        # the host-side package (load generator, watch agent) as one archive: bin/opsctl-onhost.pyz
+        "opsctl_onhost_b64": base64.b64encode(onhost_archive()).decode(),
         "opsctl_secrets_file": str(s.secrets_file) if s.secrets_file else "",
         **watch.playbook_vars(host),   # the host-side watch: installed (or removed) with every stage
     }

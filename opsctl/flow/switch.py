@@ -12,7 +12,8 @@ from opsctl.errors import HostError, OpsctlError
 from opsctl.flow.steps import Steps, noop
 from opsctl.host import facts
 from opsctl.host.connection import Connection
-from opsctl.releases import append_ledger, profile_slug
+from opsctl.releases import profile_slug
+from opsctl.ledger import append_ledger
 
 
 def host_epoch(conn: Connection) -> int:

@@ -5,14 +5,16 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from opsctl import journal, validate
+from opsctl import journal, journal_findings
 from opsctl.config import HostConfig, Inventory, Profile
 from opsctl.errors import CheckFailed, ConfigError, HostError
 from opsctl.findings import Finding
 from opsctl.flow.steps import GateOutcome, Steps, as_inventory
+from opsctl.gate.measure import onhost_program
 from opsctl.host import facts
 from opsctl.host.connection import Connection, connect
-from opsctl.releases import append_ledger, read_state, release_profile
+from opsctl.ledger import append_ledger
+from opsctl.releases import read_state, release_profile
 
 # --------------------------------------------------------------------------- startup validation
 
@@ -43,7 +45,7 @@ def run_probe(conn: Connection, host: HostConfig, profile: Profile, since: int |
 
 
 def run_loadgen(conn: Connection, host: HostConfig, args: list[str], *, timeout: float = 900) -> str:
-    cmd = (f"{host.host_python} {host.install_root}/bin/opsctl-loadgen.py "
+    cmd = (f"{host.host_python} {onhost_program(host)} loadgen "
            f"--url http://127.0.0.1:{host.http_port} --json {' '.join(shlex.quote(a) for a in args)}")
     res = conn.run(cmd, check=False, timeout=timeout)
     if not res.ok:
@@ -59,15 +61,15 @@ def validate_release(conn: Connection, host: HostConfig, profile: Profile, since
     in the validation's record and ledger record; the start-up block already printed them."""
     t0 = steps.start("validate", "CUDA-graph capture and decode lines from the journal")
     entries = facts.get(conn, facts.JournalWindow(host.unit_name, since))
-    findings = validate.validate_startup(journal.parse(entries), profile)
-    if validate.all_ok(findings):
-        findings = validate.validate(run_probe(conn, host, profile, since), profile, require_decode=True)
+    findings = journal_findings.validate_startup(journal.parse(entries), profile)
+    if journal_findings.all_ok(findings):
+        findings = journal_findings.validate(run_probe(conn, host, profile, since), profile, require_decode=True)
     return _finish_validation(conn, host, profile, findings, steps, t0, start or [])
 
 
 def _finish_validation(conn: Connection, host: HostConfig, profile: Profile, findings: list[Finding],
                        steps: Steps, t0: float, start: list[Finding] | None = None) -> GateOutcome:
-    ok = validate.all_ok(findings)
+    ok = journal_findings.all_ok(findings)
     failed = [f for f in findings if f.failed]
     steps.progress({"event": "findings", "host": host.name, "step": "validate",
                     "findings": [f.model_dump() for f in (failed or findings)]})
@@ -105,7 +107,7 @@ def validate_live(inventory: str | Path | Inventory, limit: str | None = None) -
             if since_arg is None:
                 raise CheckFailed(f"{host.unit_name} is not running on {host.name}",
                                   f"start it (systemctl start {host.unit_name}) or roll back")
-            findings = validate.validate(run_probe(conn, host, profile, since_arg), profile, require_decode=True)
+            findings = journal_findings.validate(run_probe(conn, host, profile, since_arg), profile, require_decode=True)
             out.extend(f.model_copy(update={"details": {**f.details, "host": host.name}}) for f in findings)
         finally:
             conn.close()

@@ -17,7 +17,7 @@ from opsctl.lab import constants as C
 
 
 def _who() -> str:
-    from opsctl.releases import who
+    from opsctl.ledger import who
 
     return who()
 

@@ -1,25 +1,25 @@
 """The host-side watch, seen from the controller.
 
-The watch itself is `agent.py` (stdlib only, copied to the host as
-`<root>/bin/opsctl-watch.py`, run by its own unit `opsctl-watch-<service>.service`).
-This module renders what a deploy installs for it (configuration JSON, unit file,
-playbook variables) from the inventory's `opsctl.watch`, and reads / pauses /
-resumes it over a Connection. It never imports typer or rich.
+The watch itself is `opsctl/onhost/watch_agent.py` (stdlib only, in the host-side archive
+`<root>/bin/opsctl-onhost.pyz` every deploy stages, run by its own unit
+`opsctl-watch-<service>.service`). This module renders what a deploy installs for it
+(configuration JSON with each profile's analysis, unit file, playbook variables) from the
+inventory, and reads / pauses / resumes it over a Connection. It never imports typer or rich.
 """
 from __future__ import annotations
 
 import json
 import shlex
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 from opsctl.config import DRAIN_DEADLINE_DEFAULT_S, BUILTIN_PROFILES, HostConfig, Inventory, profile_names, resolve_profile
 from opsctl.errors import ConfigError, HostError
 from opsctl.host.connection import Connection, connect
 
-from . import agent
+from opsctl.onhost import ARCHIVE_NAME
+from opsctl.onhost import watch_agent as agent
 
-AGENT_PATH = Path(__file__).resolve().parent / "agent.py"
 STATE_DIR = PurePosixPath("/var/lib/opsctl-watch")
 EVENT_SCHEMA = agent.EVENT_SCHEMA
 
@@ -33,23 +33,25 @@ def config_path(host: HostConfig) -> PurePosixPath:
 
 
 def program_path(host: HostConfig) -> PurePosixPath:
-    return host.install_root / "bin" / "opsctl-watch.py"
+    return host.install_root / "bin" / ARCHIVE_NAME
 
 
 def host_config(host: HostConfig) -> dict[str, Any]:
-    """The watch's configuration as the host reads it (pure; rules for every known profile)."""
+    """The watch's configuration as the host reads it (pure): with the analysis of every known
+    profile, the spec its gate judges by (HostConfig.analysis), which the watch fits to the live
+    release's manifest."""
     w = host.settings.watch
     policy = host.gate_policy()
-    rules = {}
+    specs = {}
     for name in profile_names(host.settings.profiles):
         data = {**BUILTIN_PROFILES.get(name, {}), **host.settings.profiles.get(name, {})}
         # a ddtree profile without its own budget: any valid one stands in (the rules do not depend on it)
         prof = resolve_profile(name, 16 if data.get("kind") == "ddtree" and "budget" not in data
                                and "budget_schedule" not in data else None,
                                overrides=host.settings.profiles)
-        rules[name] = w.rules_for(prof, policy.floor_for(prof.kind)).model_dump(mode="json")
+        specs[name] = host.analysis(prof).to_dict()
     baseline = host.profile(host.baseline_profile)
-    from opsctl.bench.baseline import baseline_paths  # the one name of the stored baseline bench (the gate's)
+    from opsctl.gate.baseline import baseline_paths  # the one name of the stored baseline bench (the gate's)
 
     return {
         "version": 1, "host": host.name, "service": host.service_name, "unit": host.unit_name,
@@ -58,8 +60,8 @@ def host_config(host: HostConfig) -> dict[str, Any]:
         "scrape_timeout_s": w.scrape_timeout_s, "baseline_profile": host.baseline_profile,
         "model": host.model.name, "ready_timeout_s": baseline.readiness_timeout_s,
         "baseline_bench": baseline_paths(host, host.baseline_profile, policy)[0],
-        "notify": w.notify.model_dump(mode="json"), "rules": rules,
-        "default_rules": w.defaults.model_dump(mode="json"),   # a profile the inventory does not name
+        "notify": w.notify.model_dump(mode="json"), "analysis": specs,
+        "default_analysis": host.analysis(None).to_dict(),   # a profile the inventory does not name
         # the drain before the watch's switch (issue #35): the configured deadline (else the default), but
         # at most the watch's window: the release has been breaching for that long already, and with no
         # balancer hook on the host new requests keep coming (0.5.23 admits while it drains)
@@ -80,8 +82,7 @@ def unit_text(host: HostConfig) -> str:
 def playbook_vars(host: HostConfig) -> dict[str, Any]:
     """Extra variables of prepare.yml: the watch is (re)installed, or removed, by every deploy."""
     w = host.settings.watch
-    return {"opsctl_watch_enabled": w.enabled, "opsctl_watch_src": str(AGENT_PATH),
-            "opsctl_watch_unit": unit_name(host),
+    return {"opsctl_watch_enabled": w.enabled, "opsctl_watch_unit": unit_name(host),
             "opsctl_watch_unit_text": unit_text(host) if w.enabled else "",
             "opsctl_watch_config_path": str(config_path(host)),
             "opsctl_watch_config": json.dumps(host_config(host), indent=1, sort_keys=True) + "\n" if w.enabled else ""}
@@ -92,8 +93,10 @@ def playbook_vars(host: HostConfig) -> dict[str, Any]:
 
 def _agent(conn: Connection, host: HostConfig, command: str, *args: str) -> dict | None:
     cfg = config_path(host)
-    cmd = (f"test -f {cfg} || {{ echo NOT-INSTALLED; exit 0; }}; {host.host_python} {program_path(host)} "
-           f"--config {cfg} {command} " + " ".join(shlex.quote(a) for a in args))
+    # no archive: a host an older opsctl staged (its watch was a single file), not installed as this one runs it
+    cmd = (f"test -f {cfg} && test -f {program_path(host)} || {{ echo NOT-INSTALLED; exit 0; }}; "
+           f"{host.host_python} {program_path(host)} watch --config {cfg} {command} "
+           + " ".join(shlex.quote(a) for a in args))
     res = conn.run(cmd, check=False, timeout=60)
     out = res.stdout.strip()
     if out == "NOT-INSTALLED":
@@ -154,7 +157,7 @@ def status(inv: Inventory, limit: str | None = None) -> list[dict]:
 
 
 def set_paused(inv: Inventory, paused: bool, *, limit: str | None = None, reason: str | None = None) -> list[dict]:
-    from opsctl.releases import who
+    from opsctl.ledger import who
 
     out = []
     for host in inv.select(limit):

@@ -29,6 +29,11 @@ options:
     type: list
     elements: dict
     default: []
+  absent:
+    description: paths under ROOT (files or links) removed when present
+    type: list
+    elements: str
+    default: []
 """
 
 RETURN = r"""
@@ -108,6 +113,7 @@ def main():
         dirs=dict(type="list", elements="dict", default=[]),
         files=dict(type="list", elements="dict", default=[]),
         links=dict(type="list", elements="dict", default=[]),
+        absent=dict(type="list", elements="str", default=[]),
     ), supports_check_mode=False)
     p = module.params
     root = p["root"]
@@ -131,6 +137,11 @@ def main():
         for link in p["links"]:
             if _ensure_link(os.path.join(root, link["path"]), link["target"]):
                 changed_paths.append(link["path"])
+        for rel in p["absent"]:
+            full = os.path.join(root, rel)
+            if os.path.lexists(full):
+                os.unlink(full)
+                changed_paths.append(rel)
     except (OSError, KeyError, binascii.Error) as exc:
         module.fail_json(msg=f"{root}: {exc}", changed=bool(changed_paths), changed_paths=changed_paths)
     module.exit_json(changed=bool(changed_paths), changed_paths=changed_paths)

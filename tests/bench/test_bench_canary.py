@@ -6,8 +6,9 @@ import subprocess
 import sys
 
 from bench_fakeserver import FakeSGLang, Schedule
-from opsctl.bench import canary, loadgen
-from opsctl.bench.results import from_records
+from opsctl.gate import canary
+from opsctl.onhost import ARCHIVE_NAME, archive
+from opsctl.gate.results import from_records
 
 
 def test_prompts_are_deterministic_from_the_seed():
@@ -48,11 +49,12 @@ def test_a_wrong_greedy_token_on_the_server_is_caught_at_its_position(tmp_path):
 
 def test_the_script_reproduces_a_stored_canary_file_on_the_host(tmp_path):
     """The deploy's flow: baseline run emits the canary; the candidate gets it as --canary-file."""
-    loadgen_py = loadgen.__file__
+    loadgen_py = tmp_path / ARCHIVE_NAME   # as the host runs it: the host-side archive's load generator
+    loadgen_py.write_bytes(archive())
     args = ["--concurrency", "1", "--input-len", "8", "--output-len", "2", "--requests-per-level", "1",
             "--warmup", "0", "--json", "--quiet"]
     with FakeSGLang(Schedule(ttft_s=0.001, gap_s=0.001)) as url:
-        base = subprocess.run([sys.executable, loadgen_py, "--url", url, "--canary-prompts", "3",
+        base = subprocess.run([sys.executable, str(loadgen_py), "loadgen", "--url", url, "--canary-prompts", "3",
                                "--canary-output-len", "6", *args], capture_output=True, text=True, timeout=30)
     ref = from_records(json.loads(x) for x in base.stdout.splitlines()).canary
     assert ref is not None and ref.outputs is not None and not ref.compared
@@ -61,7 +63,7 @@ def test_the_script_reproduces_a_stored_canary_file_on_the_host(tmp_path):
     for corrupt, expect in ((None, None), (ref.prompts[1][0], (1, 4))):
         sched = Schedule(ttft_s=0.001, gap_s=0.001, corrupt_first_token=corrupt, corrupt_position=4)
         with FakeSGLang(sched) as url:
-            p = subprocess.run([sys.executable, loadgen_py, "--url", url, "--canary-file", str(ref_file), *args],
+            p = subprocess.run([sys.executable, str(loadgen_py), "loadgen", "--url", url, "--canary-file", str(ref_file), *args],
                                capture_output=True, text=True, timeout=30)
         rec = from_records(json.loads(x) for x in p.stdout.splitlines()).canary
         assert rec.compared

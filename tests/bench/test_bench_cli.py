@@ -12,7 +12,7 @@ from opsctl.cli import bench as bench_cli
 from opsctl.errors import CheckFailed, ConfigError
 from test_bench_report import BASE, CAND, png_size
 from test_bench_results import bench_serving_line
-from opsctl.bench.results import write_jsonl
+from opsctl.gate.results import write_jsonl
 
 
 @pytest.fixture()

@@ -1,4 +1,4 @@
-"""The flow the deploy runs, on a LocalConnection: copy loadgen.py to the "host",
+"""The flow the deploy runs, on a LocalConnection: copy the host-side archive to the "host",
 bench the baseline (storing its canary), bench a candidate with that canary,
 parse, judge. Two fake servers stand in for the baseline and the release."""
 from __future__ import annotations
@@ -8,10 +8,11 @@ import pytest
 import json
 
 from bench_fakeserver import FakeSGLang, Schedule
-from opsctl.bench import LOADGEN_PATH, loadgen_command
-from opsctl.bench.results import parse_loadgen_output
-from opsctl.gates import GatePolicy, judge
+from opsctl.gate.decide import GatePolicy, judge
+from opsctl.gate.measure import loadgen_command
+from opsctl.gate.results import parse_loadgen_output
 from opsctl.host.connection import LocalConnection
+from opsctl.onhost import ARCHIVE_NAME, archive
 
 # max_spread off: the fake servers' millisecond timings spread by tens of percent on a
 # loaded 2-core CI machine; the noise gate has its own tests (test_bench_gates.py), this
@@ -29,8 +30,10 @@ def bench(conn, remote, url, **kw):
 @pytest.mark.timing  # judges wall-clock rates of fake servers: the timing tier, on a quieter machine
 def test_slow_candidate_is_rejected_and_fast_lossless_one_passes(tmp_path):
     conn = LocalConnection()
-    remote = str(tmp_path / "host" / "opsctl-loadgen.py")
-    conn.put(LOADGEN_PATH, remote, mode=0o755)
+    local = tmp_path / ARCHIVE_NAME
+    local.write_bytes(archive())
+    remote = str(tmp_path / "host" / ARCHIVE_NAME)
+    conn.put(local, remote, mode=0o755)
     with FakeSGLang(Schedule(ttft_s=0.01, gap_s=0.004)) as url:                        # autoregressive baseline
         baseline = bench(conn, remote, url, make_canary=True)
     canary_file = tmp_path / "host" / "baseline-canary.json"

@@ -4,10 +4,12 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from opsctl.bench.canary import CanaryMismatch
-from opsctl.bench.results import BenchLevel, BenchRun
+from opsctl.config import resolve_profile
 from opsctl.errors import ConfigError
-from opsctl.gates import GatePolicy, finalize, judge, judge_with_remeasure, next_action
+from opsctl.gate.canary import CanaryMismatch
+from opsctl.gate.decide import GatePolicy, finalize, judge, judge_with_remeasure, next_action
+from opsctl.gate.results import BenchLevel, BenchRun
+from opsctl.onhost.analysis import build_spec
 
 SITE_BASELINE = {1: 98.0, 4: 330.0, 16: 1000.0}     # autoregressive TP8 (C=1 from the site)
 
@@ -144,7 +146,8 @@ def test_a_baseline_that_cannot_be_compared_is_a_config_error():
 
 def test_policy_is_overridable_like_an_inventory_does_and_rejects_typos():
     pol = GatePolicy(**{"concurrency": [1, 4, 16, 128], "min_speedup": 0.0, "accept_length_floor": {"ddtree": 3.0}})
-    assert pol.concurrency == [1, 4, 16, 128] and pol.floor_for("ddtree-b32") == 3.0 and pol.floor_for("ar-tp8") is None
+    assert pol.concurrency == [1, 4, 16, 128]
+    assert pol.analysis("ddtree-b32").accept_length.floor == 3.0 and pol.analysis("ar-tp8").accept_length.floor is None
     assert "--concurrency" in pol.loadgen_args() and "1,4,16,128" in pol.loadgen_args()
     with pytest.raises(ValidationError):
         GatePolicy(**{"min_speedupp": 0.1})
@@ -171,7 +174,7 @@ def test_a_level_inside_the_regression_limit_says_so_never_better():
     assert why[4].startswith("pass (-5.0 %, within the -10 % limit")
     assert why[16].startswith("pass (+2.0 %, faster than the baseline")
     assert "accept 3.10 >= floor 2.00" in why[4]
-    from opsctl.gates import verdict_summary
+    from opsctl.gate.decide import verdict_summary
 
     summary = verdict_summary(v)
     assert "C=4: pass (-5.0 %, within the -10 % limit" in summary and "better" not in summary
@@ -187,10 +190,14 @@ def test_a_budget_schedules_undrafted_level_is_not_held_to_the_accept_floor():
     cand = BenchRun(levels=levels)
     plain = judge(cand, BASE, profile_kind="ddtree", canary_ran=True)
     assert plain.status == "fail" and any("below the ddtree floor 2.00 (C=16: 1.00)" in r for r in plain.reasons)
-    sched = judge(cand, BASE, profile_kind="ddtree", canary_ran=True, undrafted_levels=frozenset({16}))
+    # the profile's analysis: batches of 15 and more replay at the graph for 16 and up, in the 16:0 band
+    profile = resolve_profile("ddtree", budget_schedule="1:16,16:0")
+    spec = build_spec(profile.model_dump(mode="json"), GatePolicy().model_dump(mode="json"))
+    assert spec.accept_length.undrafted == [[15, None]]
+    sched = judge(cand, BASE, profile_kind="ddtree", canary_ran=True, spec=spec)
     assert sched.status == "pass", sched.reasons
     assert any("C=16: the budget schedule does not draft at this level" in n for n in sched.notes)
     low = BenchRun(levels=[lv.model_copy(update={"level_accept_length": 1.4}) if lv.max_concurrency == 4 else lv
                            for lv in levels])
-    v = judge(low, BASE, profile_kind="ddtree", canary_ran=True, undrafted_levels=frozenset({16}))
+    v = judge(low, BASE, profile_kind="ddtree", canary_ran=True, spec=spec)
     assert v.status == "fail" and any("(C=4: 1.40)" in r for r in v.reasons)

@@ -6,14 +6,11 @@ import json
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from bench_fakeserver import FakeSGLang, Schedule
-from opsctl.bench import loadgen
-
-LOADGEN = Path(loadgen.__file__)
+from opsctl.onhost import ARCHIVE_NAME, archive, loadgen
 # milliseconds against a known schedule: run with a core each (scripts/test), never beside booting
 # lab hosts, where the client came up to 3.5 % late on a 200 ms first token (two CI runs)
 pytestmark = pytest.mark.timing
@@ -141,12 +138,20 @@ def test_repeats_are_separate_lines_and_progress_is_reported():
     assert len(done) == 8 and all(e.done <= e.total for e in done)
 
 
-def test_runs_as_a_script_with_the_standard_library_only(tmp_path):
+@pytest.fixture(scope="module")
+def loadgen_cmd(tmp_path_factory) -> list[str]:
+    """The load generator as the host runs it: from the host-side archive."""
+    path = tmp_path_factory.mktemp("host") / ARCHIVE_NAME
+    path.write_bytes(archive())
+    return [str(path), "loadgen"]
+
+
+def test_runs_as_a_script_with_the_standard_library_only(tmp_path, loadgen_cmd):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"input_ids": [5, 6, 7]}\n{"text": "hello"}\n')
     with FakeSGLang(Schedule(ttft_s=0.002, gap_s=0.001, accept_length=2.0)) as url:
-        # -S: no site-packages at all, -I: isolated; the file must work on its own on the host
-        p = subprocess.run([sys.executable, "-S", "-I", str(LOADGEN), "--url", url, "--concurrency", "1,2",
+        # -S: no site-packages at all, -I: isolated; the archive must work on its own on the host
+        p = subprocess.run([sys.executable, "-S", "-I", *loadgen_cmd, "--url", url, "--concurrency", "1,2",
                             "--input-len", "4", "--output-len", "5", "--requests-per-level", "3", "--repeats", "1",
                             "--warmup", "1", "--seed", "3", "--prompt-file", str(prompts), "--canary-prompts", "2",
                             "--json"], capture_output=True, text=True, timeout=30)
@@ -159,11 +164,11 @@ def test_runs_as_a_script_with_the_standard_library_only(tmp_path):
     assert "[loadgen]" in p.stderr                       # progress on stderr, not in the JSON
 
 
-def test_script_exit_codes_for_bad_arguments_and_unreachable_server():
-    bad = subprocess.run([sys.executable, str(LOADGEN), "--concurrency", "0"], capture_output=True, text=True,
+def test_script_exit_codes_for_bad_arguments_and_unreachable_server(loadgen_cmd):
+    bad = subprocess.run([sys.executable, *loadgen_cmd, "--concurrency", "0"], capture_output=True, text=True,
                          timeout=30)
     assert bad.returncode == 2
-    down = subprocess.run([sys.executable, str(LOADGEN), "--url", "http://127.0.0.1:9", "--json"],
+    down = subprocess.run([sys.executable, *loadgen_cmd, "--url", "http://127.0.0.1:9", "--json"],
                           capture_output=True, text=True, timeout=30)
     assert down.returncode == 3 and "cannot reach" in down.stderr and down.stdout == ""
 

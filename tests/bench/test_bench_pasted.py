@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from opsctl.bench.results import (FORMAT_CONSOLE, FORMAT_FIRST_JSON, FORMAT_JSONL, import_results, read_jsonl,
+from opsctl.gate.results import (FORMAT_CONSOLE, FORMAT_FIRST_JSON, FORMAT_JSONL, import_results, read_jsonl,
                                   write_jsonl)
 from opsctl.cli import bench as bench_cli
 from opsctl.errors import CheckFailed, ConfigError

@@ -1,15 +1,15 @@
 """Bench progress: counts end at N/N and never go backwards, from the host's loadgen lines
-(flow.bench._progress_relay) to the bars (cli.bench._LevelProgress)."""
+(gate.measure._progress_relay) to the bars (cli.bench._LevelProgress)."""
 from __future__ import annotations
 
 import io
 
 from rich.console import Console
 
-from opsctl.bench.loadgen import ProgressEvent
+from opsctl.onhost.loadgen import ProgressEvent
 from opsctl.cli import _output
 from opsctl.cli.bench import _LevelProgress
-from opsctl.flow.bench import _progress_relay
+from opsctl.gate.measure import _progress_relay
 
 
 def relayed(lines: list[str]) -> list[ProgressEvent]:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import struct
 
-from opsctl.bench.results import BenchLevel, BenchRun
-from opsctl.gates import judge
+from opsctl.gate.results import BenchLevel, BenchRun
+from opsctl.gate.decide import judge
 from opsctl.report import PLOT_PIXELS, compare, html, markdown, plot_png, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from opsctl.bench.results import (BenchLevel, BenchRun, import_bench_serving, parse_loadgen_output, read_jsonl,
+from opsctl.gate.results import (BenchLevel, BenchRun, import_bench_serving, parse_loadgen_output, read_jsonl,
                                   write_jsonl)
 from opsctl.errors import ConfigError
 

@@ -310,7 +310,7 @@ def test_the_release_report_has_its_last_start(fleet):
     lines = start_lines(last)
     assert lines[0] == "Last start: 2026-12-02T00:30:00Z (rollback)" and lines[1].startswith("start-up 11 min 55 s")
     assert lines[-1].startswith("WARN startup.slower: this start took 11 min 55 s")
-    from opsctl.bench.results import BenchRun
+    from opsctl.gate.results import BenchRun
 
     md = markdown(BenchRun(meta={"release": "ddtree-b16-live000000"}, levels=[]), start=last)
     assert "## Start-up" in md and "- start-up 11 min 55 s at the site" in md and "- in the lab: weight load" in md

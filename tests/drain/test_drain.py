@@ -380,7 +380,7 @@ def _host_drain_fn():
     import importlib.machinery
     import importlib.util
 
-    from opsctl.watch import agent
+    from opsctl.onhost import watch_agent as agent
 
     loader = importlib.machinery.SourceFileLoader("opsctl_guard", str(REPO / "playbooks/files/opsctl-guard"))
     spec = importlib.util.spec_from_loader("opsctl_guard", loader)

@@ -16,7 +16,7 @@ import pytest
 
 from opsctl.config import HostConfig, load_inventory
 from opsctl.errors import ConfigError
-from opsctl.gates import GatePolicy
+from opsctl.gate.decide import GatePolicy
 
 REPO = Path(__file__).resolve().parents[2]
 OPSCTL = [sys.executable, "-m", "opsctl"]
@@ -217,8 +217,8 @@ def test_settings_hold_one_gate_policy_model(inv):
     assert host.gate_policy().concurrency == [1, 4, 8]
 
 
-def test_gates_does_not_import_config():
-    code = "import sys, opsctl.gates; assert 'opsctl.config' not in sys.modules; import opsctl.config"
+def test_the_gate_decision_does_not_import_config():
+    code = "import sys, opsctl.gate.decide; assert 'opsctl.config' not in sys.modules; import opsctl.config"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
 
 
@@ -230,16 +230,16 @@ def test_a_profiles_accept_len_floor_is_its_gate_floor(inv):
          "      accept_len_floor: 3.25\n    ar-tp8")
     host = load_inventory(inv).hosts["lab"]
     ddtree = host.profile("ddtree", 16)
-    assert host.gate_policy().floor_for("ddtree") == 2.0                 # the gate's floor for the kind
-    assert host.gate_policy(ddtree).floor_for("ddtree") == 3.25          # the profile's own
-    assert host.gate_policy(ddtree).floor_for("dflash") == 2.0           # other kinds keep theirs
-    assert host.gate_policy(host.profile("dflash")).floor_for("dflash") == 2.0
-    assert host.gate_policy(host.profile("ar-tp8")).floor_for("autoregressive") is None
+    assert host.gate_policy().analysis("ddtree").accept_length.floor == 2.0   # the gate's floor for the kind
+    assert host.analysis(ddtree).accept_length.floor == 3.25                  # the profile's own
+    assert host.analysis(host.profile("dflash")).accept_length.floor == 2.0   # other kinds keep theirs
+    assert host.analysis(host.profile("ar-tp8")).accept_length.floor is None
+    assert host.gate_policy(ddtree).accept_length_floor["ddtree"] == 3.25     # as the verdict records the policy
 
 
 def test_the_profile_floor_fails_a_release_the_kind_floor_would_pass(inv):
-    from opsctl.bench.results import BenchLevel, BenchRun
-    from opsctl.gates import judge
+    from opsctl.gate.results import BenchLevel, BenchRun
+    from opsctl.gate.decide import judge
 
     edit(inv / "group_vars/all.yml", "      readiness_timeout_s: 120\n    ar-tp8",
          "      readiness_timeout_s: 120\n      accept_len_floor: 3.0\n    ar-tp8")

@@ -43,6 +43,8 @@ def test_the_layer_contracts_are_kept():
     ("releases.py", "import rich as _rich  # noqa", "never imports typer, click or rich"),
     # production code reaching for the emulator
     ("flow/bench.py", "from opsctl.lab import constants as _lab  # noqa", "never imports the lab"),
+    # the host-side package reaching for the controller's code (it runs on the host without opsctl)
+    ("onhost/capture.py", "from opsctl.errors import ConfigError as _e  # noqa", "runs on the host's python3 alone"),
 ])
 def test_a_deliberate_violation_breaks_its_contract(tmp_path, module, line, contract):
     root = copy_of_the_package(tmp_path)

@@ -16,7 +16,7 @@ from opsctl import playbook
 from opsctl.config import load_inventory
 from opsctl.errors import HostError
 from opsctl.host.connection import LocalConnection
-from opsctl.releases import describe_holder, lock_command
+from opsctl.lock import describe_holder, lock_command
 
 REPO = Path(__file__).resolve().parents[2]
 

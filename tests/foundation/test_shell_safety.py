@@ -121,7 +121,7 @@ class _Recording(LocalConnection):
 
 
 def test_store_release_bench_quotes_the_release(tmp_path: Path, monkeypatch):
-    from opsctl.bench import results
+    from opsctl.gate import results
     from opsctl.flow.judge import store_release_bench
 
     root = tmp_path / "root"

@@ -307,9 +307,7 @@ def test_ansible_connects_with_the_rendered_args(tmp_path, fake_ssh, monkeypatch
     """Through run_playbook, ansible-runner and Ansible's ssh plugin: the ssh it starts gets the
     jump as one ProxyCommand, the resolved key and the target, whatever the inventory's own
     ansible_ssh_common_args said."""
-    from opsctl.bench import LOADGEN_PATH
     from opsctl.playbook import run_playbook
-    from opsctl.watch import AGENT_PATH
 
     fake, log = fake_ssh
     monkeypatch.setenv("ANSIBLE_SSH_EXECUTABLE", str(fake))
@@ -319,7 +317,7 @@ def test_ansible_connects_with_the_rendered_args(tmp_path, fake_ssh, monkeypatch
     host = inv.hosts["lab"]
     extravars = {"opsctl_release_id": "r1", "opsctl_root": "/nonexistent/opsctl", "opsctl_env_dir": "/nonexistent/e",
                  "opsctl_wheelhouse_dir": "/nonexistent/w", "opsctl_service_user": "",
-                 "opsctl_loadgen_src": str(LOADGEN_PATH), "opsctl_watch_src": str(AGENT_PATH)}
+                 "opsctl_onhost_b64": ""}
     with pytest.raises(HostError) as exc:
         run_playbook(inv, host, "prepare.yml", extravars, timeout_s=120)
     assert "unreachable" in exc.value.problem and "via root@127.0.0.1:9" in exc.value.problem

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import random
 
-from opsctl.bench.results import BenchLevel, BenchRun
-from opsctl.confidence import decide, speedup_interval
-from opsctl.gates import GatePolicy, judge, judge_with_remeasure
+from opsctl.gate.results import BenchLevel, BenchRun
+from opsctl.gate.interval import decide, speedup_interval
+from opsctl.gate.decide import GatePolicy, judge, judge_with_remeasure
 
 
 def rates(mean: float, n: int, noise: float = 0.05, seed: int = 0) -> list[float]:

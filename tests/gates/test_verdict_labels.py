@@ -8,9 +8,9 @@ import io
 import pytest
 from rich.console import Console
 
-from opsctl.bench.results import BenchLevel, BenchRun
+from opsctl.gate.results import BenchLevel, BenchRun
 from opsctl.cli import _output
-from opsctl.gates import LEVEL_TABLE_LEGEND, GatePolicy, level_table, judge
+from opsctl.gate.decide import LEVEL_TABLE_LEGEND, GatePolicy, level_table, judge
 
 
 def level(c: int, per_request: list[float], aggregate: float, accept: float | None = None) -> BenchLevel:

@@ -1,5 +1,5 @@
 """The verdict's statistics hold up (issue #34): the fast version of benchmarks/verdict_stats.py,
-fixed seeds and fewer cases, on the new method only (opsctl/confidence.py, gates.throughput_decision).
+fixed seeds and fewer cases, on the new method only (opsctl/gate/interval.py, gate.decide.throughput_decision).
 
 - a nominal 90 % interval covers the true ratio at least 88 % of the time at n >= 8, on the lab
   emulator's measured rates and on heavy-tailed server-like rates;
@@ -20,7 +20,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import verdict_stats as vs  # noqa: E402
 
-from opsctl.gates import GatePolicy, throughput_decision  # noqa: E402
+from opsctl.gate.decide import GatePolicy, throughput_decision  # noqa: E402
 
 COVERAGE_TARGET = 0.88
 SEED = 34
@@ -79,10 +79,10 @@ def test_the_lab_verdict_cases_decide_as_before_in_the_first_round(lab_data, cas
 
 
 def test_the_measuring_loop_and_the_judge_share_one_rule():
-    """gates.throughput_decision is what measure() stops on and judge() decides by: the
-    interval at the policy's confidence spread over the level's looks."""
+    """gate.decide.throughput_decision is what measure() stops on and judge() decides by: the
+    interval at the analysis' confidence spread over the level's looks the policy plans."""
     policy = GatePolicy(concurrency=[1, 8], requests_per_level=8, min_requests=8, max_requests=16)
     base = [100.0 + (i % 5) for i in range(16)]
-    iv, decision = throughput_decision(policy, 8, [r * 0.98 for r in base[:8]], base)
+    iv, decision = throughput_decision(policy, 8, [r * 0.98 for r in base[:8]], base, policy.analysis("ddtree"))
     assert iv.looks == 4 and iv.method == "log-t" and decision == "pass"
     assert "90 % CI over 4 looks, 97.5 % each; log-t; 8 vs 16 requests" in iv.pct()

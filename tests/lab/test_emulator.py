@@ -447,7 +447,7 @@ def test_fault_wrong_verify_tokens_hits_one_band_and_validate_names_it(tmp_path)
     if journal is None:
         return
     from opsctl.config import resolve_profile
-    from opsctl.validate import validate_startup
+    from opsctl.journal_findings import validate_startup
 
     found = {f.check: f for f in validate_startup(journal.parse(emu.text()), resolve_profile(
         "ddtree", budget_schedule=SCHEDULE))}

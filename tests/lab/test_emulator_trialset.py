@@ -19,7 +19,7 @@ from lab_emu import EMULATOR_SRC, RE_CAPTURE_BEGIN, RE_CAPTURE_END, RE_READY, Em
 sys.path.insert(0, str(EMULATOR_SRC))
 from sglang.lab import perf, startup as emu_startup  # noqa: E402
 
-from opsctl import journal, startup, validate  # noqa: E402
+from opsctl import journal, journal_findings as validate, startup  # noqa: E402
 
 CANDIDATES = ["4", "8", "16", "1:16,3:4,16:0"]
 SCHED = "1:16,3:4,16:0"

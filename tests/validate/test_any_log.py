@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from opsctl import journal
 from opsctl.errors import CheckFailed, ConfigError
-from opsctl.validate import all_ok, expectations_from_log, validate, validate_decode, validate_startup
+from opsctl.journal_findings import all_ok, expectations_from_log, validate, validate_decode, validate_startup
 from validate_lines import DATA, begin, decode_line, end, healthy
 
 

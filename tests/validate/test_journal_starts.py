@@ -13,7 +13,7 @@ from opsctl import journal
 from opsctl.config import resolve_profile
 from opsctl.cli import validate as validate_cli
 from opsctl.errors import CheckFailed, ConfigError
-from opsctl.validate import validate_startup
+from opsctl.journal_findings import validate_startup
 from validate_lines import DATA
 
 UNIT = "sglang-k26-ddtree.service"

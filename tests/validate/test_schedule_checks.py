@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from opsctl import journal
 from opsctl.config import resolve_profile
-from opsctl.validate import expectations_from_log, validate, validate_decode, validate_startup
+from opsctl.journal_findings import expectations_from_log, validate, validate_decode, validate_startup
 from validate_lines import begin, decode_line, end
 
 SCHED = "1:16,8:4,32:0"

@@ -12,7 +12,7 @@ import pytest
 
 from opsctl import journal, schedule, startup
 from opsctl.config import resolve_profile
-from opsctl.validate import expectations_from_log, validate, validate_startup, validate_trialset_start
+from opsctl.journal_findings import expectations_from_log, validate, validate_startup, validate_trialset_start
 from validate_lines import DATA
 
 TS = DATA / "trialset"

@@ -1,4 +1,4 @@
-"""opsctl.validate: findings for the failures the site hit, and a pass for a healthy release."""
+"""opsctl.journal_findings: findings for the failures the site hit, and a pass for a healthy release."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from opsctl import journal
-from opsctl.validate import (all_ok, implied_draft_tokens, validate, validate_decode, validate_startup)
+from opsctl.journal_findings import (all_ok, implied_draft_tokens, validate, validate_decode, validate_startup)
 from validate_lines import DATA, EXAMPLES, SITE_LINES, begin, decode_line, end, healthy
 
 

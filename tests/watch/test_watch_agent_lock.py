@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from opsctl.watch import agent
+from opsctl.onhost import watch_agent as agent
 
 
 def _lock_is_free(root) -> bool:

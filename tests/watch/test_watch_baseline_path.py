@@ -1,14 +1,15 @@
 """Issue #32 item 3: the watch reads the baseline bench from the file the gate stores it in,
-named by one function (opsctl.bench.baseline.baseline_paths)."""
+named by one function (opsctl.gate.baseline.baseline_paths)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path, PurePosixPath
 
 from opsctl.config import load_inventory
-from opsctl.bench.baseline import baseline_paths
+from opsctl.gate.baseline import baseline_paths
 from opsctl.flow import bench as gate_bench
-from opsctl.watch import agent, host_config
+from opsctl.onhost import watch_agent as agent
+from opsctl.watch import host_config
 
 REPO = Path(__file__).resolve().parents[2]
 

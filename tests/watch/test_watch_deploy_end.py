@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.watch import agent
+from opsctl.onhost import watch_agent as agent
+from watchspecs import spec_dict
 
 REPO = Path(__file__).resolve().parents[2]
 STARTED = {"action": "deploy", "result": "started", "to_release": "ddtree-b8-t1"}
@@ -70,7 +71,8 @@ def test_the_watch_state_machine_after_a_tune(tmp_path, monkeypatch):
     root = _host_root(tmp_path)
     cfg = {"root": str(root), "unit": "sglang-k26.service", "service": "sglang-k26", "port": 1,
            "state_dir": str(tmp_path / "state"), "host": "h", "mode": "rollback", "window_s": 60, "interval_s": 15,
-           "min_samples": 4, "baseline_profile": "ar-tp8", "notify": {}, "rules": {}, "default_rules": {}}
+           "min_samples": 4, "baseline_profile": "ar-tp8", "notify": {}, "analysis": {},
+           "default_analysis": spec_dict({})}
     monkeypatch.setattr(agent, "http_get", lambda url, timeout: (0, ""))
     monkeypatch.setattr(agent.Watch, "read_journal", lambda self: None)
     w = agent.Watch(cfg)

@@ -18,7 +18,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))
 from lab_emu import RE_DECODE, Emu  # noqa: E402
 
-from opsctl.watch import agent  # noqa: E402
+from opsctl.onhost import prometheus  # noqa: E402
+from opsctl.onhost import watch_agent as agent  # noqa: E402
+from watchspecs import spec_dict  # noqa: E402
 
 DDTREE16 = ["--tp-size", "8", "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "{drafter}",
             "--speculative-num-draft-tokens", "17", "--cuda-graph-max-bs-decode", "64", "--enable-metrics",
@@ -28,7 +30,7 @@ DDTREE16 = ["--tp-size", "8", "--speculative-algorithm", "DDTREE", "--speculativ
 def metrics(emu: Emu) -> dict:
     st, body = emu.get("/metrics")
     assert st == 200
-    return agent.parse_prometheus(body.decode())
+    return prometheus.parse(body.decode())
 
 
 def accept_lens(lines: list[str]) -> list[float]:
@@ -39,16 +41,16 @@ def test_metrics_use_sglang_0_5_23_names_labels_and_count_finished_requests(tmp_
     with Emu(tmp_path, DDTREE16) as emu:
         emu.wait_ready()
         before = metrics(emu)
-        assert agent.metric_sum(before, "sglang:num_requests_total") == 0   # warm-up requests are internal
+        assert before.total("sglang:num_requests_total") == 0   # warm-up requests are internal
         emu.load(3, 24)
         m = metrics(emu)
-        assert agent.metric_sum(m, "sglang:num_requests_total") == 3
-        assert agent.metric_sum(m, "sglang:generation_tokens_total") == 72
-        assert agent.metric_sum(m, "sglang:num_aborted_requests_total") == 0
+        assert m.total("sglang:num_requests_total") == 3
+        assert m.total("sglang:generation_tokens_total") == 72
+        assert m.total("sglang:num_aborted_requests_total") == 0
         assert {lbl["is_streaming"] for lbl, _ in m["sglang:num_requests_total"]} == {"true", "false"}
         assert m["sglang:spec_accept_length"][0][0]["moe_ep_rank"] == "0"
         # the scheduler's gauges are its last decode report, zeroed when it goes idle
-        assert agent.metric_sum(m, "sglang:num_running_reqs") == 0 and agent.metric_sum(m, "sglang:gen_throughput") == 0
+        assert m.total("sglang:num_running_reqs") == 0 and m.total("sglang:gen_throughput") == 0
 
 
 def test_accept_decay_starts_healthy_then_falls_to_the_target(tmp_path):
@@ -77,8 +79,8 @@ def test_error_burst_aborts_requests_with_http_500_and_counts_them(tmp_path):
         st, body = emu.post("/generate", {"text": "a b c", "sampling_params": {"max_new_tokens": 8}})
         assert st == 500 and "aborted" in json.loads(body)["detail"]
         m = metrics(emu)
-        assert agent.metric_sum(m, "sglang:num_aborted_requests_total") == 1
-        assert agent.metric_sum(m, "sglang:num_requests_total") == 0
+        assert m.total("sglang:num_aborted_requests_total") == 1
+        assert m.total("sglang:num_requests_total") == 0
 
 
 def test_crash_loop_first_start_after_delay_then_every_restart(tmp_path):
@@ -144,8 +146,9 @@ def test_watch_loop_sees_the_decay_and_alerts_with_numbers(tmp_path):
                "window_s": 4, "min_samples": 3, "baseline_profile": "ar-tp8", "model": "kimi-k2.6",
                "notify": {"url": f"http://127.0.0.1:{srv.server_port}/hook", "command": f"cat > {hook_out}",
                           "timeout_s": 5},
-               "rules": {"ddtree": {"accept_len_floor": 2.0, "throughput_fraction": 0.3, "max_error_rate": 0.05,
-                                    "min_requests": 10, "max_journal_errors": 4, "max_restarts": 1}}}
+               "analysis": {"ddtree": spec_dict({"accept_len_floor": 2.0, "throughput_fraction": 0.3,
+                                                 "max_error_rate": 0.05, "min_requests": 10, "max_journal_errors": 4,
+                                                 "max_restarts": 1})}}
         stop = threading.Event()
 
         def load():

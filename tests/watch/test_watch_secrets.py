@@ -9,7 +9,8 @@ from pathlib import Path
 import yaml
 
 from opsctl.host.connection import Result
-from opsctl.watch import _agent, agent
+from opsctl.onhost import watch_agent as agent
+from opsctl.watch import _agent
 
 REPO = Path(__file__).resolve().parents[2]
 URL = "https://ops:hunter2@hooks.example.com/services/T000/B000/SECRETTOKEN?sig=abc"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from opsctl.bench.workloads import DEFAULT_MIX, WorkloadSet, load, load_file, mix_key, parse_mix
+from opsctl.gate.workloads import DEFAULT_MIX, WorkloadSet, load, load_file, mix_key, parse_mix
 from opsctl.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]

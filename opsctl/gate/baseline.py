@@ -1,5 +1,5 @@
 """Where a host keeps its stored baseline bench: one function names the files, for the gate
-(opsctl/flow/bench.py, which writes and judges against them) and the watch (opsctl/watch, which
+(opsctl/flow/bench.py writes them, opsctl/gate/ judges against them) and the watch (opsctl/watch, which
 reads the curve on the host) alike (issue #32 item 3: they used to disagree)."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def mix_slug(policy) -> str:
     """A short stable name of the gate policy's workload mix."""
-    from opsctl.bench.workloads import mix_key
+    from opsctl.gate.workloads import mix_key
 
     return hashlib.sha256(mix_key(policy.workloads).encode()).hexdigest()[:10]
 

@@ -17,7 +17,7 @@ from typing import Sequence
 
 from pydantic import BaseModel
 
-from opsctl.bench import loadgen
+from opsctl.onhost import loadgen
 
 DEFAULT_PROMPTS = 8
 DEFAULT_INPUT_LEN = 64

@@ -8,7 +8,7 @@ A run file (`*.jsonl`) holds an optional `{"record": "meta", ...}` line, one
 line per (concurrency level, repeat) in bench_serving's `--output-file` field
 names (so upstream tooling reads them), and optionally one `{"record": "canary"}`
 line with the greedy canary. The level lines are exactly what
-`opsctl/bench/loadgen.py --json` prints on the host.
+`opsctl/onhost/loadgen.py --json` prints on the host.
 """
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """Release gate: judge a candidate's bench against the host's baseline.
 
-Pure functions over `BenchRun`s (no I/O). `judge()` compares the medians over
-repeats per concurrency level and returns a `Verdict` of pass / marginal / fail
+Pure functions over `BenchRun`s (no I/O). `judge()` decides each concurrency level by
+the rules of the profile's analysis spec (opsctl/onhost/analysis.py: the same spec the
+watch holds the release to after promotion) on the medians over repeats, or on the
+speedup interval where requests were sampled, and returns a `Verdict` of pass / marginal / fail
 with a per-level table and one line per reason. As in Kayenta's canary judge,
 a result that misses a throughput threshold by less than `marginal_band` is
 *marginal*: the caller re-measures once (`next_action`, `judge_with_remeasure`)
@@ -19,9 +21,10 @@ from typing import Annotated, Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from opsctl.bench.results import BenchLevel, BenchRun
 from opsctl.errors import ConfigError
 from opsctl.findings import Finding
+from opsctl.gate.results import BenchLevel, BenchRun
+from opsctl.onhost.analysis import AnalysisSpec, build_spec
 
 Status = Literal["pass", "marginal", "inconclusive", "fail"]
 _RANK = {"pass": 0, "marginal": 1, "inconclusive": 2, "fail": 3}
@@ -33,7 +36,8 @@ class GatePolicy(BaseModel):
     any field under `opsctl.gate:`; the loader validates it with the rest of the
     inventory (an unknown key, a wrong type or an out-of-range value is refused with
     its file:line). A profile's `accept_len_floor` overrides `accept_length_floor`
-    for its kind (`HostConfig.gate_policy(profile)`).
+    for its kind (`HostConfig.gate_policy(profile)`). The thresholds here become rules
+    through the profile's analysis (`HostConfig.analysis`, or `analysis(kind)` below).
 
     `concurrency` is the smoke bench's levels: small defaults (1, 4, 16) keep the
     bench inside a deploy short (about a minute on the site's host). List the
@@ -73,7 +77,7 @@ class GatePolicy(BaseModel):
     canary_prompts: int = Field(8, ge=1)
     canary_input_len: int = Field(64, ge=1)
     canary_output_len: int = Field(32, ge=1)
-    # --- workloads and confidence (opsctl/bench/workloads.py, opsctl/confidence.py)
+    # --- workloads and confidence (opsctl/gate/workloads.py, opsctl/gate/interval.py)
     workloads: dict[str, float] = Field(
         default_factory=lambda: {"humaneval": 0.3, "chat": 0.5, "math": 0.2},
         description="the mix the gate measures on (name: weight); 'random' token ids are never the default")
@@ -90,7 +94,7 @@ class GatePolicy(BaseModel):
     @field_validator("workloads")
     @classmethod
     def _known_workloads(cls, v: dict[str, float]) -> dict[str, float]:
-        from opsctl.bench.workloads import parse_mix
+        from opsctl.gate.workloads import parse_mix
 
         return parse_mix(v)
 
@@ -106,7 +110,7 @@ class GatePolicy(BaseModel):
         """The looks at a level's interval the gate plans before the first: every round of the
         measurement and of its one re-measure (`ATTEMPTS`; the re-measure's rounds continue the
         first's) that has `min_requests` samples and so can decide. The interval's confidence is
-        spread over them (opsctl/confidence.py), so a verdict at any look carries the same error rate."""
+        spread over them (opsctl/gate/interval.py), so a verdict at any look carries the same error rate."""
         per_round = self.requests_for(concurrency)
         rounds = ATTEMPTS * self.rounds_at(concurrency)
         return max(1, sum(1 for j in range(1, rounds + 1) if j * per_round >= self.min_requests))
@@ -119,16 +123,11 @@ class GatePolicy(BaseModel):
         n = len(self.workloads)
         return ATTEMPTS * n if n > 1 else self.looks_at(concurrency)
 
-    def threshold_at(self, concurrency: int) -> float:
-        """The ratio a level's interval must clear: 1 + min_speedup at speedup_concurrency, else
-        1 - max_regression."""
-        return (1 + self.min_speedup) if concurrency == self.speedup_concurrency else (1 - self.max_regression)
-
-    def floor_for(self, profile_kind: str) -> float | None:
-        return _lookup(self.accept_length_floor, profile_kind)
-
-    def canary_required(self, profile_kind: str) -> bool:
-        return self.require_canary and _lookup({k: True for k in self.canary_exempt_kinds}, profile_kind) is None
+    def analysis(self, profile_kind: str) -> AnalysisSpec:
+        """The rules this policy states for a kind (opsctl/onhost/analysis.py), as a result file is
+        judged by them (`opsctl report`, `bench compare`); a deploy judges by its profile's
+        `HostConfig.analysis`, which adds the profile's own settings and the watch's."""
+        return build_spec({"name": profile_kind, "kind": profile_kind}, self.model_dump())
 
     def loadgen_args(self, *, make_canary: bool = False, canary_file: str | None = None) -> list[str]:
         """The `loadgen.py` flags for this policy's smoke bench (add --url, --json).
@@ -144,15 +143,6 @@ class GatePolicy(BaseModel):
             args += ["--canary-prompts", str(self.canary_prompts), "--canary-input-len", str(self.canary_input_len),
                      "--canary-output-len", str(self.canary_output_len)]
         return args
-
-
-def _lookup(table: dict[str, Any], kind: str) -> Any:
-    """Exact kind, then its first dash-separated word (`ddtree-b32` -> `ddtree`, `ar-tp8` -> `ar`)."""
-    k = (kind or "").lower()
-    if k in table:
-        return table[k]
-    head = k.split("-", 1)[0]
-    return table.get(head)
 
 
 class LevelRow(BaseModel):
@@ -172,7 +162,7 @@ class LevelRow(BaseModel):
     high_pct: float | None = None
     samples: int | None = None         # candidate requests the interval rests on
     baseline_samples: int | None = None  # baseline requests it rests on
-    method: str | None = None          # the interval's method (opsctl/confidence.py: "log-t")
+    method: str | None = None          # the interval's method (opsctl/gate/interval.py: "log-t")
     confidence_pct: float | None = None  # the gate's confidence over all planned looks (90)
     looks: int | None = None           # planned looks it is spread over; each look at 100 - (100 - conf) / looks
     # what the columns mean: baseline/candidate_tok_s are aggregate output throughput (medians over
@@ -261,29 +251,24 @@ def _worst(*statuses: Status) -> Status:
     return max(statuses, key=lambda s: _RANK[s])
 
 
-def _threshold(delta: float, threshold: float, band: float) -> Status:
-    if delta >= threshold:
-        return "pass"
-    if delta >= threshold - band:
-        return "marginal"
-    return "fail"
-
-
 def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = None, *, profile_kind: str,
-          canary_mismatch: Any = None, canary_ran: bool | None = None,
-          undrafted_levels: frozenset[int] = frozenset()) -> Verdict:
-    """Judge `candidate` against `baseline` (all repeats; medians are compared).
+          canary_mismatch: Any = None, canary_ran: bool | None = None, spec: AnalysisSpec | None = None) -> Verdict:
+    """Judge `candidate` against `baseline` (all repeats; medians are compared) by the rules
+    of `spec` (the profile's analysis, opsctl/onhost/analysis.py; default: the policy's rules
+    for `profile_kind`). `policy` is the bench that was planned (levels, repeats, looks).
 
     `canary_mismatch`: None when the greedy canary was identical (or not run), else
     the first divergence (`CanaryMismatch` or loadgen's dict). `canary_ran=False`
     says the canary was not run; a kind that requires it then fails.
-    `undrafted_levels`: levels a DDTree budget schedule serves in a budget-0 band (no
-    drafter, accept length 1 by design): the accept-length floor does not apply there.
+    The accept-length floor does not apply at levels the spec's budget schedule serves in a
+    budget-0 band (no drafter, accept length 1 by design).
     Raises ConfigError when the baseline cannot be compared (no common level, or
     no measurement at the speedup level): that is a missing baseline, not a bad
     release.
     """
     policy = policy or GatePolicy()
+    spec = spec or policy.analysis(profile_kind)
+    thr, acc_rule = spec.throughput, spec.accept_length
     cand, base = candidate.median(), baseline.median()
     cand_at = {lv.level: lv for lv in cand.levels}
     base_at = {lv.level: lv for lv in base.levels}
@@ -291,19 +276,19 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
            "`opsctl bench --save-baseline` (levels %s)" % ",".join(map(str, policy.concurrency)))
     if not base_at:
         raise ConfigError("the baseline has no measurements", fix)
-    if policy.speedup_concurrency not in base_at:
-        raise ConfigError(f"the baseline has no C={policy.speedup_concurrency} measurement "
+    if thr.speedup_concurrency not in base_at:
+        raise ConfigError(f"the baseline has no C={thr.speedup_concurrency} measurement "
                           f"(it has {sorted(base_at)})", fix)
     reasons: list[str] = []
     notes: list[str] = []
-    floor = policy.floor_for(profile_kind)
+    floor = acc_rule.floor
     levels = sorted(set(policy.concurrency) | set(cand_at))
     rows: list[LevelRow] = []
     low_accept: list[tuple[int, float]] = []
     no_accept: list[int] = []
     for c in levels:
-        floor_c = None if c in undrafted_levels else floor
-        if floor is not None and c in undrafted_levels:
+        floor_c = acc_rule.floor_at(c)
+        if floor is not None and floor_c is None:
             notes.append(f"C={c}: the budget schedule does not draft at this level (budget 0): "
                          "no accept-length floor")
         b: BenchLevel | None = base_at.get(c)
@@ -334,71 +319,68 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
         if delta is None:
             notes.append(f"C={c}: baseline throughput is 0; not compared")
         else:
-            if c == policy.speedup_concurrency:
-                s = _threshold(delta, policy.min_speedup, policy.marginal_band)
+            if thr.speedup_level(c):
+                s = thr.grade_speedup(delta)
                 if s != "pass":
                     reasons.append(f"C={c}: output {k.output_throughput:.1f} tok/s vs baseline "
                                    f"{b.output_throughput:.1f} ({delta * 100:+.1f}%), needs at least "
-                                   f"{policy.min_speedup * 100:+.1f}%" + (" (marginal)" if s == "marginal" else ""))
+                                   f"{thr.min_speedup * 100:+.1f}%" + (" (marginal)" if s == "marginal" else ""))
                 st = _worst(st, s)
-            s = _threshold(delta, -policy.max_regression, policy.marginal_band)
-            if s != "pass" and not (c == policy.speedup_concurrency and st != "pass"):
+            s = thr.grade_regression(delta)
+            if s != "pass" and not (thr.speedup_level(c) and st != "pass"):
                 reasons.append(f"C={c}: output {k.output_throughput:.1f} tok/s is {-delta * 100:.1f}% below the "
-                               f"baseline's {b.output_throughput:.1f} (limit -{policy.max_regression * 100:.0f}%)"
+                               f"baseline's {b.output_throughput:.1f} (limit -{thr.max_regression * 100:.0f}%)"
                                + (" (marginal)" if s == "marginal" else ""))
                 st = _worst(st, s)
-        if k.errors > policy.max_errors:
+        if spec.errors.level_fails(k.errors):
             reasons.append(f"C={c}: {k.errors} failed requests over {k.repeats_merged} repeat(s) "
-                           f"(allowed {policy.max_errors})" + (f": {k.error_samples[0]}" if getattr(
+                           f"(allowed {spec.errors.max_failed_requests})" + (f": {k.error_samples[0]}" if getattr(
                                k, "error_samples", None) else ""))
             st = "fail"
-        if floor_c is not None:
-            acc = k.accept
-            if acc is None:
-                if policy.require_accept_length:
-                    no_accept.append(c)
-                    st = "fail"
-            elif acc < floor_c:
-                low_accept.append((c, acc))
-                st = "fail"
-        why = _why(st, delta, c, policy, k.accept, floor_c)
-        conf = _confidence_level(c, candidate, baseline, policy)
+        acc_status = acc_rule.status(k.accept, floor_c)
+        if acc_rule.fails(acc_status):
+            if acc_status == "missing":
+                no_accept.append(c)
+            else:
+                low_accept.append((c, k.accept))
+            st = "fail"
+        why = _why(st, delta, c, spec, k.accept, floor_c)
+        conf = _confidence_level(c, candidate, baseline, policy, spec)
         if conf is not None:
             # with request samples on both sides the interval decides, not the medians
             interval, decision, per_workload, req_means = conf
             delta = interval.ratio - 1.0
             reasons[:] = [r for r in reasons if not _throughput_reason(r, c)]
-            thr = policy.threshold_at(c)
             if decision == "fail":
-                need = (f"needs at least {policy.min_speedup * 100:+.0f} %" if c == policy.speedup_concurrency
-                        else f"limit -{policy.max_regression * 100:.0f} %")
+                need = (f"needs at least {thr.min_speedup * 100:+.0f} %" if thr.speedup_level(c)
+                        else f"limit -{thr.max_regression * 100:.0f} %")
                 reasons.append(f"C={c}: speedup {interval.pct()}: the whole interval is below {need}")
             elif decision == "inconclusive":
-                few = min(interval.n_candidate, interval.n_baseline) < policy.min_requests
+                few = min(interval.n_candidate, interval.n_baseline) < spec.interval.min_requests
                 reasons.append(f"C={c}: speedup {interval.pct()}: " + (
-                    f"too few samples (at least {policy.min_requests} per side)" if few else
-                    f"the interval straddles {(thr - 1) * 100:+.0f} %: not proven"))
+                    f"too few samples (at least {spec.interval.min_requests} per side)" if few else
+                    f"the interval straddles {(thr.threshold_at(c) - 1) * 100:+.0f} %: not proven"))
             for name, w in per_workload.items():
                 if w["status"] == "fail":
-                    reasons.append(f"C={c}: {name} loses: {w['text']} (limit -{policy.max_regression * 100:.0f} %)")
+                    reasons.append(f"C={c}: {name} loses: {w['text']} (limit -{thr.max_regression * 100:.0f} %)")
                     decision = "fail"
-            st = _worst(_status_without_throughput(st, k, policy, floor_c), decision)
-            why = _why(st, delta, c, policy, k.accept, floor_c, interval=interval) if st == "pass" else \
+            st = _worst(_status_without_throughput(k, spec, floor_c), decision)
+            why = _why(st, delta, c, spec, k.accept, floor_c, interval=interval) if st == "pass" else \
                 f"{st} ({interval.pct()})"
         else:
             interval, per_workload = None, {}
         spread = max(k.output_throughput_spread, b.output_throughput_spread)
         if interval is not None:
             spread = 0.0  # the interval already carries the noise
-        if st == "pass" and spread > policy.max_spread:
-            reasons.append(f"C={c}: repeats spread {spread * 100:.0f}% (> {policy.max_spread * 100:.0f}%): "
+        if st == "pass" and spread > thr.max_spread:
+            reasons.append(f"C={c}: repeats spread {spread * 100:.0f}% (> {thr.max_spread * 100:.0f}%): "
                            "too noisy to call (marginal)")
             st = "marginal"
         rows.append(LevelRow(concurrency=c, baseline_tok_s=b.output_throughput, candidate_tok_s=k.output_throughput,
                              delta_pct=None if delta is None else delta * 100, baseline_itl_p50_ms=b.median_itl_ms,
                              candidate_itl_p50_ms=k.median_itl_ms, accept_length=k.accept,
                              baseline_accept_length=b.accept, errors=k.errors, spread_pct=spread * 100, status=st,
-                             why=why if st == "pass" else ("repeats too noisy to call" if spread > policy.max_spread
+                             why=why if st == "pass" else ("repeats too noisy to call" if spread > thr.max_spread
                                                            and why.startswith("pass") else why),
                              low_pct=(interval.low - 1) * 100 if interval else None,
                              high_pct=(interval.high - 1) * 100 if interval and math.isfinite(interval.high)
@@ -430,60 +412,64 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
         canary = {"identical": False, **m}
         line = (f"canary: greedy output differs from the baseline at prompt {m['prompt']}, token {m['position']} "
                 f"(expected {m.get('expected')}, got {m.get('got')})")
-        if policy.canary_required(profile_kind):
+        if spec.canary.required:
             reasons.append(line)
         else:
             notes.append(line + f"; not gated for kind {profile_kind}")
     elif canary_ran is False:
         canary = {"identical": None}
-        if policy.canary_required(profile_kind):
+        if spec.canary.required:
             reasons.append("canary: not run; a speculative release must reproduce the baseline's greedy output")
     else:
         canary = {"identical": True} if canary_ran else None
-        if canary_ran is None and policy.canary_required(profile_kind):
+        if canary_ran is None and spec.canary.required:
             notes.append("canary: not reported to the gate (pass canary_ran=True/False)")
 
     if candidate.repeats < policy.repeats and not any(r.samples for r in rows):
         # repeats are what medians are taken over; a level judged on per-request samples has its interval
         notes.append(f"candidate has {candidate.repeats} repeat(s), the policy asks for {policy.repeats}")
     status: Status = _worst("pass", *(r.status for r in rows))
-    if canary is not None and canary.get("identical") is not True and policy.canary_required(profile_kind):
+    if canary is not None and canary.get("identical") is not True and spec.canary.required:
         status = "fail"
+    # the record states the threshold the spec judged by (a baseline-kind release: no regression)
+    recorded = policy.model_copy(update={"min_speedup": thr.min_speedup})
     return Verdict(status=status, profile_kind=profile_kind, rows=rows, reasons=reasons, notes=notes,
-                   canary=canary, policy=policy.model_dump(mode="json"))
+                   canary=canary, policy=recorded.model_dump(mode="json"))
 
 
-def throughput_decision(policy: GatePolicy, c: int, candidate: list[float], baseline: list[float]):
+def throughput_decision(policy: GatePolicy, c: int, candidate: list[float], baseline: list[float],
+                        spec: AnalysisSpec):
     """(interval, decision) of level c's speedup from per-request rates: the interval at the
-    policy's confidence spread over the level's planned looks, decided against the level's
-    threshold. The one rule the measuring loop (opsctl/flow/bench.py) stops on and `judge` decides by."""
-    from opsctl import confidence as cf
+    spec's confidence spread over the level's looks the policy plans, decided against the
+    level's threshold. The one rule the measuring loop (opsctl/gate/measure.py) stops on and
+    `judge` decides by."""
+    from opsctl.gate import interval as cf
 
-    interval = cf.speedup_interval(candidate, baseline, confidence=policy.confidence, looks=policy.looks_at(c))
-    return interval, cf.decide(interval, policy.threshold_at(c), policy.min_requests)
+    interval = cf.speedup_interval(candidate, baseline, confidence=spec.interval.confidence, looks=policy.looks_at(c))
+    return interval, cf.decide(interval, spec.throughput.threshold_at(c), spec.interval.min_requests)
 
 
-def _confidence_level(c: int, candidate: BenchRun, baseline: BenchRun, policy: GatePolicy):
+def _confidence_level(c: int, candidate: BenchRun, baseline: BenchRun, policy: GatePolicy, spec: AnalysisSpec):
     """(interval, decision, per-workload rows, (candidate, baseline) mean per-request tok/s)
     at level c, or None without request samples."""
-    from opsctl import confidence as cf
+    from opsctl.gate import interval as cf
 
     cs, bs = cf.samples_of(candidate.at(c)), cf.samples_of(baseline.at(c))
     if not cs or not bs:
         return None
-    interval, decision = throughput_decision(policy, c, cf.rates(cs), cf.rates(bs))
+    interval, decision = throughput_decision(policy, c, cf.rates(cs), cf.rates(bs), spec)
     if interval is None:
         return None
     per: dict[str, dict] = {}
     names = sorted({s.workload for s in cs})
     ivs = cf.workload_intervals({n: cf.rates(cs, n) for n in names}, {n: cf.rates(bs, n) for n in names},
-                                confidence=policy.confidence, looks=policy.workload_looks_at(c))
+                                confidence=spec.interval.confidence, looks=policy.workload_looks_at(c))
     for name in names:
         wc, iv = cf.rates(cs, name), ivs[name]
         row: dict = {"n": len(wc), "accept_length": cf.accept_length(cs, name),
                      "baseline_accept_length": cf.accept_length(bs, name)}
         if iv is not None:
-            d = cf.decide(iv, 1 - policy.max_regression, policy.min_workload_requests)
+            d = cf.decide(iv, 1 - spec.throughput.max_regression, spec.interval.min_workload_requests)
             row.update(delta_pct=(iv.ratio - 1) * 100, low_pct=(iv.low - 1) * 100,
                        high_pct=(iv.high - 1) * 100 if math.isfinite(iv.high) else None,
                        status=d if d != "inconclusive" else "not judged alone", text=iv.pct())
@@ -498,17 +484,16 @@ def _throughput_reason(reason: str, c: int) -> bool:
     return reason.startswith(f"C={c}: output ") or reason.startswith(f"C={c}: repeats spread")
 
 
-def _status_without_throughput(st: Status, k: BenchLevel, policy: GatePolicy, floor: float | None) -> Status:
+def _status_without_throughput(k: BenchLevel, spec: AnalysisSpec, floor: float | None) -> Status:
     """The level's status from errors and accept length only (the interval judges throughput)."""
-    if k.errors > policy.max_errors:
+    if spec.errors.level_fails(k.errors):
         return "fail"
-    if floor is not None and ((k.accept is None and policy.require_accept_length) or
-                              (k.accept is not None and k.accept < floor)):
+    if spec.accept_length.fails(spec.accept_length.status(k.accept, floor)):
         return "fail"
     return "pass"
 
 
-def _why(status: str, delta: float | None, c: int, policy: GatePolicy, accept: float | None,
+def _why(status: str, delta: float | None, c: int, spec: AnalysisSpec, accept: float | None,
          floor: float | None, *, interval=None) -> str:
     """The status of one level in words that match its numbers (never "better" for a loss)."""
     if delta is None:
@@ -518,10 +503,10 @@ def _why(status: str, delta: float | None, c: int, policy: GatePolicy, accept: f
         status == "pass" else ""
     if status != "pass":
         return f"{status} ({pct})"
-    if c == policy.speedup_concurrency:
-        return f"pass ({pct}, at least {policy.min_speedup * 100:+.0f} % needed here{acc})"
+    if spec.throughput.speedup_level(c):
+        return f"pass ({pct}, at least {spec.throughput.min_speedup * 100:+.0f} % needed here{acc})"
     if delta < 0:
-        return f"pass ({pct}, within the -{policy.max_regression * 100:.0f} % limit{acc})"
+        return f"pass ({pct}, within the -{spec.throughput.max_regression * 100:.0f} % limit{acc})"
     return f"pass ({pct}, faster than the baseline{acc})"
 
 
@@ -552,18 +537,17 @@ def finalize(verdict: Verdict) -> Verdict:
 
 def judge_with_remeasure(measure: Callable[[], BenchRun], baseline: BenchRun, policy: GatePolicy | None = None, *,
                          profile_kind: str, canary_mismatch: Any = None, canary_ran: bool | None = None,
-                         first: BenchRun | None = None,
-                         undrafted_levels: frozenset[int] = frozenset()) -> tuple[Verdict, BenchRun]:
+                         first: BenchRun | None = None, spec: AnalysisSpec | None = None) -> tuple[Verdict, BenchRun]:
     """Measure (or take `first`), judge; if marginal, measure once more, judge
     the repeats of both runs together, and fail if still marginal. Returns the
     final verdict and the run it was judged on."""
     run = first if first is not None else measure()
     v = judge(run, baseline, policy, profile_kind=profile_kind, canary_mismatch=canary_mismatch,
-              canary_ran=canary_ran, undrafted_levels=undrafted_levels)
+              canary_ran=canary_ran, spec=spec)
     if next_action(v) != "remeasure":
         return v, run
     run = run.merged(measure())
     v2 = judge(run, baseline, policy, profile_kind=profile_kind, canary_mismatch=canary_mismatch,
-               canary_ran=canary_ran, undrafted_levels=undrafted_levels)
+               canary_ran=canary_ran, spec=spec)
     v2 = v2.model_copy(update={"attempts": 2, "notes": [*v2.notes, f"re-measured once after a {v.status} verdict"]})
     return finalize(v2), run

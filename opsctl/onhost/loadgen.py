@@ -1,12 +1,12 @@
-#!/usr/bin/env python3
 """Stdlib-only load generator and greedy canary for SGLang's native `/generate`.
 
-This single file is copied to the inference host and run there with the host's
-`python3` (on-host load keeps the network out of the numbers), and it is also
-imported by opsctl on the controller. It must therefore depend on nothing but
-the standard library (Python >= 3.8): asyncio and raw HTTP/1.1 over sockets.
+Part of the host-side package (opsctl/onhost/): shipped to the inference host in
+`<root>/bin/opsctl-onhost.pyz` and run there with the host's `python3` (on-host load
+keeps the network out of the numbers), and imported by opsctl on the controller. It
+must therefore depend on nothing but the standard library (Python >= 3.8): asyncio and
+raw HTTP/1.1 over sockets; `/metrics` is read by the package's one Prometheus parser.
 
-    python3 loadgen.py --url http://127.0.0.1:30000 --concurrency 1,8,32 \
+    python3 opsctl-onhost.pyz loadgen --url http://127.0.0.1:30000 --concurrency 1,8,32 \
         --input-len 128 --output-len 64 --requests-per-level 32 --repeats 3 \
         --warmup 4 --seed 0 [--prompt-file F] [--canary-file F] --json
 
@@ -59,10 +59,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import urlsplit
 
+from . import prometheus
+
 __all__ = [
     "LoadSpec", "RequestResult", "ProgressEvent", "run", "run_async", "run_level", "compute_metrics",
     "make_prompts", "load_prompt_file", "canary_prompts", "run_canary", "run_canary_async",
-    "compare_canary", "fetch_accept_lengths", "parse_prometheus", "http_json", "main",
+    "compare_canary", "fetch_accept_lengths", "http_json", "main",
 ]
 
 LOADGEN_VERSION = 1
@@ -620,35 +622,14 @@ def compute_metrics(results: Sequence[RequestResult], duration: float,
 
 
 # --------------------------------------------------------------------------- server-side accept length
-def parse_prometheus(text: str) -> Dict[str, List[float]]:
-    """Prometheus text format -> {metric name: [values of every labelled series]}."""
-    out: Dict[str, List[float]] = {}
-    for line in text.splitlines()[:200_000]:
-        if not line or line.startswith("#"):
-            continue
-        if "{" in line:
-            name = line.split("{", 1)[0]
-            rest = line.rsplit("}", 1)[-1].split()
-        else:
-            parts = line.split()
-            name, rest = parts[0], parts[1:]
-        if not rest:
-            continue
-        try:
-            out.setdefault(name, []).append(float(rest[0]))
-        except ValueError:
-            continue
-    return out
-
-
-async def _scrape_metrics(url: str, timeout: float) -> Optional[Dict[str, List[float]]]:
+async def _scrape_metrics(url: str, timeout: float) -> Optional[prometheus.Metrics]:
     try:
         status, body = await http_request(url, "GET", "/metrics", None, timeout)
     except (OSError, asyncio.TimeoutError, _HTTPError, ValueError):
         return None
     if status != 200:
         return None
-    return parse_prometheus(body.decode("utf-8", "replace"))
+    return prometheus.parse(body.decode("utf-8", "replace"))
 
 
 async def _server_info_accept(url: str, timeout: float) -> Optional[float]:
@@ -665,21 +646,17 @@ async def _server_info_accept(url: str, timeout: float) -> Optional[float]:
     return None
 
 
-def _metrics_accept(before: Optional[Dict[str, List[float]]], after: Optional[Dict[str, List[float]]]) -> Optional[float]:
+def _metrics_accept(before: Optional[prometheus.Metrics], after: Optional[prometheus.Metrics]) -> Optional[float]:
     if after is None:
         return None
     gen, ver = "sglang:generation_tokens_total", "sglang:spec_verify_calls_total"
     if before is not None and gen in after and ver in after:
-        d_ver = sum(after[ver]) - sum(before.get(ver, [0.0]))
-        d_gen = sum(after[gen]) - sum(before.get(gen, [0.0]))
+        d_ver = (after.total(ver) or 0.0) - (before.total(ver) or 0.0)
+        d_gen = (after.total(gen) or 0.0) - (before.total(gen) or 0.0)
         if d_ver > 0 and d_gen > 0:
             return d_gen / d_ver
-    g = after.get("sglang:spec_accept_length")
-    if g:
-        vals = [v for v in g if v > 0]
-        if vals:
-            return sum(vals) / len(vals)
-    return None
+    vals = [v for v in after.total_series("sglang:spec_accept_length") if v > 0]
+    return sum(vals) / len(vals) if vals else None
 
 
 async def fetch_accept_lengths(url: str, timeout: float = 10.0) -> Dict[str, Optional[float]]:
@@ -999,7 +976,7 @@ def _parse_levels(text: str) -> List[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="loadgen.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="opsctl-onhost.pyz loadgen", description=__doc__.split("\n\n")[0])
     d = LoadSpec()
     p.add_argument("--url", default=d.url)
     p.add_argument("--concurrency", type=_parse_levels, default=d.concurrency, help="e.g. 1,4,16")
@@ -1118,7 +1095,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sys.stdout.write(_table(records) + "\n")
     sys.stdout.flush()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,16 +1,17 @@
-#!/usr/bin/env python3
 """opsctl watch: keeps judging a promoted release on the host, with no controller.
 
 Runs on the GPU host as its own systemd unit (`opsctl-watch-<service>.service`),
-with the host's python3 and its standard library only (this file is copied to
-`<root>/bin/opsctl-watch.py`; opsctl is not installed there). Every `interval_s`:
+with the host's python3 and its standard library only (the host-side package,
+opsctl/onhost/, shipped as `<root>/bin/opsctl-onhost.pyz`; opsctl is not installed
+there). Every `interval_s`:
 
 1. reads SGLang 0.5.23's Prometheus `/metrics` (`--enable-metrics`): accept length,
    generation throughput, running and queued requests (the scheduler's gauges of its
    last decode report), finished and aborted requests (the tokenizer's counters);
 2. reads the service's journal since the last read (cursor): CUDA errors,
    tracebacks, failed exits and restarts of the unit;
-3. judges the window (`window_s`) with the rules of the live release's profile:
+3. judges the window (`window_s`) by the live release's analysis, the rules the gate
+   judged it by before promotion (analysis.py, shipped as JSON in the configuration):
    accept length below the floor, throughput at the observed concurrency below the
    baseline's stored bench curve by more than `throughput_fraction`, error/abort rate,
    journal errors, crashes. Metric rules need `min_samples` samples taken under decode
@@ -29,7 +30,7 @@ killed watch restarted by systemd carries on where it was. `pause`/`resume` set 
 flag file next to it (and a ledger record); a paused watch keeps sampling and acts on
 nothing.
 
-usage: opsctl-watch.py --config FILE [run | status | pause | resume] [--who W] [--reason R]
+usage: opsctl-onhost.pyz watch --config FILE [run | status | pause | resume] [--who W] [--reason R]
 """
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
+
+from . import analysis, prometheus
 
 EVENT_SCHEMA = "opsctl.watch.event/1"
 STATE_VERSION = 1
@@ -74,37 +77,6 @@ RE_RESTART = re.compile(r"Scheduled restart job")
 # --------------------------------------------------------------------------- pure parts (unit-tested)
 
 
-def parse_prometheus(text: str) -> dict:
-    """Prometheus text format -> {name: [(labels, value), ...]} (comments skipped)."""
-    out: dict = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = re.match(r'^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)', line)
-        if not m:
-            continue
-        labels = dict(re.findall(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"', m.group(3) or ""))
-        try:
-            value = float(m.group(4))
-        except ValueError:
-            continue
-        out.setdefault(m.group(1), []).append((labels, value))
-    return out
-
-
-def metric_sum(parsed: dict, name: str):
-    series = parsed.get(name)
-    if not series:
-        return None
-    return sum(v for labels, v in series if labels.get("priority", "") == "")
-
-
-def metric_mean(parsed: dict, name: str):
-    series = [v for labels, v in parsed.get(name) or [] if labels.get("priority", "") == ""]
-    return sum(series) / len(series) if series else None
-
-
 def counter_delta(now, before):
     """A counter's increase since the last read; a smaller value means the server restarted."""
     if now is None:
@@ -114,17 +86,18 @@ def counter_delta(now, before):
     return now - before if now >= before else now
 
 
-def sample_from_metrics(parsed: dict, prev: dict, ts: float) -> tuple[dict, dict]:
-    """One sample from a /metrics scrape, and the counters to remember for the next one."""
-    counters = {"finished": metric_sum(parsed, M_FINISHED), "aborted": metric_sum(parsed, M_ABORTED),
-                "gen_tokens": metric_sum(parsed, M_GEN_TOKENS)}
-    running = metric_sum(parsed, M_RUNNING)
-    gen_tps = metric_sum(parsed, M_GEN_TPS)
+def sample_from_metrics(parsed: prometheus.Metrics, prev: dict, ts: float) -> tuple[dict, dict]:
+    """One sample from a /metrics scrape (prometheus.parse: counters summed over every series,
+    gauges over their total series), and the counters to remember for the next one."""
+    counters = {"finished": parsed.total(M_FINISHED), "aborted": parsed.total(M_ABORTED),
+                "gen_tokens": parsed.total(M_GEN_TOKENS)}
+    running = parsed.total(M_RUNNING)
+    gen_tps = parsed.total(M_GEN_TPS)
     if running is None or gen_tps is None:
         return ({"ts": ts, "status": "unknown", "why": f"/metrics has no {M_RUNNING if running is None else M_GEN_TPS}"},
                 counters)
-    accept = metric_mean(parsed, M_ACCEPT)
-    s = {"ts": ts, "status": "ok", "running": running, "queue": metric_sum(parsed, M_QUEUE) or 0.0,
+    accept = parsed.mean(M_ACCEPT)
+    s = {"ts": ts, "status": "ok", "running": running, "queue": parsed.total(M_QUEUE) or 0.0,
          "gen_tps": round(gen_tps, 2), "accept_len": round(accept, 3) if accept else None,
          "finished": counter_delta(counters["finished"], prev.get("finished")),
          "aborted": counter_delta(counters["aborted"], prev.get("aborted")) if counters["aborted"] is not None else 0.0,
@@ -201,139 +174,6 @@ def expected_at(curve: list, concurrency: float):
         if c0 <= concurrency <= c1:
             return v0 + (v1 - v0) * (concurrency - c0) / (c1 - c0)
     return curve[-1][1]
-
-
-def _median(values):
-    return round(statistics.median(values), 3) if values else None
-
-
-def undrafted_ranges(schedule: str, max_bs: int, max_running: int | None = None) -> list:
-    """Running-batch ranges [lo, hi] (hi None: open) a DDTree budget schedule serves in a
-    budget-0 band: no drafter, accept length 1 by design. A batch takes the band of the
-    CUDA-graph batch size it replays at (SGLang 0.5.23's speculative capture list; the same
-    rule as opsctl/schedule.py, copied: this program runs on the host with the stdlib only)."""
-    bands = [tuple(int(x) for x in part.split(":")) for part in schedule.split(",")]
-    cap = (list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 65, 4)) + list(range(72, 257, 8))
-           + list(range(272, max_bs + 1, 16)))
-    cap = sorted({b for b in cap if b <= max_bs} | {max_bs})
-    if max_running:
-        cap = sorted({b for b in cap if b <= max_running} | ({max_running} if max_bs > max_running else set()))
-
-    def budget(batch: int) -> int:
-        padded = next((b for b in cap if b >= batch), batch)
-        return [b for lo, b in bands if lo <= padded][-1]
-
-    out, top = [], max(cap[-1], bands[-1][0]) + 1
-    for batch in range(1, top + 1):
-        if budget(batch) == 0:
-            if out and out[-1][1] == batch - 1:
-                out[-1][1] = batch
-            else:
-                out.append([batch, batch])
-    if out and out[-1][1] == top:
-        out[-1][1] = None  # every larger batch is past the last graph: the last band's budget
-    return out
-
-
-def _undrafted(running, ranges) -> bool:
-    return any(running >= lo and (hi is None or running <= hi) for lo, hi in ranges or ())
-
-
-def evaluate(samples: list, rules: dict, min_samples: int, window_s: float, now: float) -> list:
-    """One finding per rule over the window: status ok | breach | insufficient | unknown | n/a."""
-    win = [s for s in samples if s.get("ts", 0) > now - window_s]
-    ok = [s for s in win if s.get("status") == "ok"]
-    dec = [s for s in ok if s.get("decode")]
-    out = []
-
-    floor = rules.get("accept_len_floor")
-    if floor is None:
-        out.append({"rule": "accept_length", "status": "n/a", "detail": "no accept-length floor for this profile"})
-    else:
-        # a budget schedule's budget-0 band accepts nothing by design: only drafting samples count
-        vals = [s["accept_len"] for s in dec if s.get("accept_len")
-                and not _undrafted(s.get("running") or 0, rules.get("undrafted_batches"))]
-        med = _median(vals)
-        if len(vals) < min_samples:
-            out.append({"rule": "accept_length", "status": "insufficient", "observed": med, "threshold": floor,
-                        "samples": len(vals), "detail": f"{len(vals)} of {min_samples} decode samples"})
-        else:
-            bad = med < floor
-            out.append({"rule": "accept_length", "status": "breach" if bad else "ok", "observed": med,
-                        "threshold": floor, "samples": len(vals),
-                        "min": round(min(vals), 3), "max": round(max(vals), 3),
-                        "detail": f"median accept length {med:.2f} {'<' if bad else '>='} floor {floor:.2f} "
-                                  f"({len(vals)} decode samples in {int(window_s)} s)"})
-
-    frac = rules.get("throughput_fraction")
-    ratios = [(s["gen_tps"] / s["expected_tps"], s) for s in dec if s.get("expected_tps")]
-    if frac is None:
-        out.append({"rule": "throughput", "status": "n/a", "detail": "throughput rule off"})
-    elif dec and not ratios:
-        out.append({"rule": "throughput", "status": "unknown", "detail": "no baseline bench curve on the host"})
-    elif len(ratios) < min_samples:
-        out.append({"rule": "throughput", "status": "insufficient", "samples": len(ratios),
-                    "threshold": round(1 - frac, 3), "detail": f"{len(ratios)} of {min_samples} decode samples"})
-    else:
-        med = _median([r for r, _ in ratios])
-        tps = _median([s["gen_tps"] for _, s in ratios])
-        exp = _median([s["expected_tps"] for _, s in ratios])
-        conc = _median([s["running"] for _, s in ratios])
-        bad = med < 1 - frac
-        out.append({"rule": "throughput", "status": "breach" if bad else "ok", "observed": med,
-                    "threshold": round(1 - frac, 3), "samples": len(ratios), "gen_tps": tps, "baseline_tps": exp,
-                    "concurrency": conc,
-                    # the rule judges the median of per-sample ratios; the medians of tok/s beside it
-                    # need not divide to it, so the words say which number is judged
-                    "detail": f"median per-sample ratio {med:.2f} x the baseline ({'below' if bad else 'within'} "
-                              f"the {1 - frac:.2f} limit, {len(ratios)} samples; median {tps:.1f} tok/s at "
-                              f"concurrency {conc:g} against the baseline's {exp:.1f})"})
-
-    fin = sum(s.get("finished") or 0 for s in ok)
-    ab = sum(s.get("aborted") or 0 for s in ok)
-    busy = [s for s in ok if s.get("decode") or (s.get("finished") or 0) + (s.get("aborted") or 0) > 0]
-    max_rate, min_req = rules.get("max_error_rate", 0.05), rules.get("min_requests", 10)
-    jerr = [s.get("journal") for s in win if s.get("journal") is not None]
-    errors = sum(j["cuda_errors"] + j["tracebacks"] for j in jerr)
-    max_jerr = rules.get("max_journal_errors", 4)
-    if errors > max_jerr:
-        out.append({"rule": "errors", "status": "breach", "observed": errors, "threshold": max_jerr,
-                    "detail": f"{errors} CUDA error / traceback lines in the journal in {int(window_s)} s "
-                              f"(limit {max_jerr})", "examples": [x for j in jerr for x in j.get("examples", [])][:3]})
-    elif fin + ab < min_req or len(busy) < min_samples:
-        out.append({"rule": "errors", "status": "insufficient" if ok else "unknown", "requests": int(fin + ab),
-                    "journal_errors": errors, "detail": f"{int(fin + ab)} requests in the window (need {min_req})"})
-    else:
-        rate = ab / (fin + ab)
-        bad = rate > max_rate
-        out.append({"rule": "errors", "status": "breach" if bad else "ok", "observed": round(rate, 4),
-                    "threshold": max_rate, "requests": int(fin + ab), "aborted": int(ab), "journal_errors": errors,
-                    "detail": f"{int(ab)} of {int(fin + ab)} requests aborted ({100 * rate:.1f}%, limit "
-                              f"{100 * max_rate:.1f}%)"})
-
-    crashes = sum(j["crashes"] for j in jerr)
-    max_r = rules.get("max_restarts", 1)
-    if not jerr:
-        out.append({"rule": "restarts", "status": "unknown", "detail": "journal not readable"})
-    else:
-        bad = crashes > max_r
-        out.append({"rule": "restarts", "status": "breach" if bad else "ok", "observed": crashes, "threshold": max_r,
-                    "restarts": sum(j["restarts"] for j in jerr),
-                    "detail": f"the server failed {crashes} time(s) in {int(window_s)} s (limit {max_r})",
-                    **({"examples": [x for j in jerr for x in j.get("examples", [])][:3]} if crashes else {})})
-    return out
-
-
-def summarise(findings: list, samples: list, window_s: float, now: float) -> str:
-    """healthy | breach | idle | unknown, from a window's findings."""
-    if any(f["status"] == "breach" for f in findings):
-        return "breach"
-    win = [s for s in samples if s.get("ts", 0) > now - window_s]
-    if win and all(s.get("status") != "ok" for s in win):
-        return "unknown"
-    if not any(s.get("decode") for s in win if s.get("status") == "ok"):
-        return "idle"
-    return "healthy"
 
 
 def drain_server(unit, port, deadline_s, poll_s=1.0, _run=subprocess.run):
@@ -672,22 +512,20 @@ class Watch:
 
     def curve(self) -> list:
         """The baseline's bench curve from the file the gate stored it in: its path is named
-        on the controller by the gate's own function (opsctl.bench.baseline.baseline_paths, per
+        on the controller by the gate's own function (opsctl.gate.baseline.baseline_paths, per
         workload mix) and written into this configuration as `baseline_bench`."""
         path = self.cfg.get("baseline_bench")
         return baseline_curve(_read(path)) if path else []
 
-    def rules_for(self, manifest: dict | None) -> dict:
+    def analysis_for(self, manifest: dict | None) -> analysis.AnalysisSpec:
+        """The live release's analysis: its profile's spec as the controller built it (the gate
+        judged the release by the same), else the inventory's defaults, fitted to the release's
+        own manifest (its kind, floor and budget schedule)."""
         prof = (manifest or {}).get("profile") or {}
-        rules = dict(self.cfg.get("rules", {}).get(prof.get("name", ""), {}) or self.cfg.get("default_rules", {}))
-        if rules.get("accept_len_floor") is None and prof.get("accept_len_floor") is not None:
-            rules["accept_len_floor"] = prof["accept_len_floor"]
-        if prof.get("kind") == "autoregressive":
-            rules["accept_len_floor"] = None
-        if prof.get("budget_schedule"):
-            rules["undrafted_batches"] = undrafted_ranges(prof["budget_schedule"], int(prof.get("cuda_graph_max_bs")
-                                                          or 32), prof.get("max_running_requests"))
-        return rules
+        data = (self.cfg.get("analysis") or {}).get(prof.get("name", "")) or self.cfg.get("default_analysis")
+        if not data:
+            raise ValueError("the configuration holds no analysis (written by an older opsctl): redeploy")
+        return analysis.AnalysisSpec.from_dict(data).for_release(prof)
 
     # ---------------------------------------------------------------- one interval
     def tick(self) -> dict:
@@ -721,7 +559,7 @@ class Watch:
         # sample
         status, body = http_get(self.metrics_url, timeout=float(self.cfg.get("scrape_timeout_s", 5)))
         if status == 200:
-            sample, st["counters"] = sample_from_metrics(parse_prometheus(body), st.get("counters", {}), now)
+            sample, st["counters"] = sample_from_metrics(prometheus.parse(body), st.get("counters", {}), now)
         else:
             sample = {"ts": now, "status": "unknown",
                       "why": f"GET /metrics: {'HTTP ' + str(status) if status else 'no answer'}"}
@@ -737,9 +575,10 @@ class Watch:
         if view["deploying"]:
             # the deploy judges its own release; the window starts over when it is done
             st["samples"] = [sample]
-        rules = self.rules_for(manifest)
-        findings = evaluate(st["samples"], rules, self.cfg["min_samples"], self.cfg["window_s"], now)
-        verdict = summarise(findings, st["samples"], self.cfg["window_s"], now)
+        spec = self.analysis_for(manifest)
+        rules = spec.watch_rules()
+        findings = analysis.evaluate_window(st["samples"], spec, self.cfg["min_samples"], self.cfg["window_s"], now)
+        verdict = analysis.summarise(findings, st["samples"], self.cfg["window_s"], now)
         paused = self.paused()
         state = ("no-release" if cur is None else "deploying" if view["deploying"] else
                  "tripped" if st.get("tripped") else "paused" if paused else verdict)
@@ -979,7 +818,7 @@ def set_paused(cfg: dict, paused: bool, who: str, reason: str) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="opsctl-watch", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="opsctl-onhost.pyz watch", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", required=True)
     ap.add_argument("command", nargs="?", default="run", choices=["run", "status", "pause", "resume", "tick"])
     ap.add_argument("--who", default=f"root@{socket.gethostname()}")
@@ -1003,6 +842,3 @@ def main(argv=None) -> int:
         print(json.dumps(set_paused(cfg, a.command == "pause", a.who, a.reason or f"{a.command} by {a.who}")))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

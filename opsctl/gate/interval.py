@@ -36,8 +36,8 @@ within-workload spread, its confidence spread over the mix's workloads x the gat
     lower bound >= threshold  -> pass        upper bound < threshold -> fail
     otherwise, or fewer than `min_requests` samples on a side        -> inconclusive
 
-Pure functions on plain data, standard library only; the gate (opsctl/gates.py) and the
-measuring loop (opsctl/flow/bench.py) use them.
+Pure functions on plain data, standard library only; the gate (opsctl/gate/decide.py) and the
+measuring loop (opsctl/gate/measure.py) use them.
 """
 from __future__ import annotations
 

@@ -1,0 +1,80 @@
+"""SGLang 0.5.23's CUDA-graph capture list for a speculative server's decode, and what a DDTree
+budget schedule does at each running batch. The one copy: the controller
+(opsctl/schedule.py: render-time checks, the gate's undrafted levels) and the host (the watch
+agent: batches whose accept length is 1 by design) both use it. The lab's SGLang emulator
+keeps SGLang's own copy (it runs on the guest without opsctl);
+tests/foundation/test_onhost_agreement.py holds the two equal.
+
+Standard library only (Python >= 3.8): this module runs on the host.
+"""
+from __future__ import annotations
+
+import bisect
+from typing import List, Optional, Sequence, Tuple
+
+Band = Tuple[int, int]                 # (smallest running batch, node budget)
+BatchRange = List[Optional[int]]       # [lo, hi]; hi None: every larger batch
+
+
+def speculative_decode_batch_sizes(max_bs: int) -> List[int]:
+    """SGLang 0.5.23's generate_decode_cuda_graph_batch_sizes, speculative case
+    (srt/arg_groups/cuda_graph_hook.py) for --cuda-graph-max-bs-decode `max_bs`."""
+    bs = (list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 65, 4)) + list(range(72, 257, 8))
+          + list(range(272, max_bs + 1, 16)))
+    bs = [b for b in bs if b <= max_bs]
+    if max_bs not in bs:
+        bs.append(max_bs)
+    return bs
+
+
+def captured_batch_sizes(max_bs: int, max_running_requests: Optional[int] = None) -> List[int]:
+    """The decode batch sizes a speculative server captures: the list above, clamped to
+    --max-running-requests as get_batch_sizes_to_capture does (that size is added when the
+    list goes past it)."""
+    bs = speculative_decode_batch_sizes(max_bs)
+    if max_running_requests:
+        if max(bs) > max_running_requests:
+            bs.append(max_running_requests)
+        bs = [b for b in bs if b <= max_running_requests]
+    return sorted(set(bs))
+
+
+def pad_to_captured(batch: int, capture_bs: Optional[Sequence[int]]) -> int:
+    """The captured batch size a running batch replays at (itself past the largest)."""
+    if not capture_bs:
+        return batch
+    cs = sorted(capture_bs)
+    i = bisect.bisect_left(cs, batch)
+    return cs[i] if i < len(cs) else batch
+
+
+def parse_bands(schedule: str) -> List[Band]:
+    """`1:32,8:16,64:0` -> [(1, 32), (8, 16), (64, 0)] (a schedule the controller already checked)."""
+    return [(int(lo), int(budget)) for lo, budget in (part.split(":") for part in schedule.split(","))]
+
+
+def band_index(bands: Sequence[Band], batch: int, capture_bs: Optional[Sequence[int]] = None) -> int:
+    """The band a running batch decodes in: padded to the captured size it replays at (SGLang's
+    AdaptiveSpeculativeParams._route), then the band whose lower bound is the largest <= that."""
+    padded = pad_to_captured(batch, capture_bs)
+    return max(bisect.bisect_right([lo for lo, _ in bands], padded) - 1, 0)
+
+
+def undrafted_batches(bands: Sequence[Band], capture_bs: Sequence[int]) -> List[BatchRange]:
+    """Running-batch ranges [lo, hi] (hi None: open) the schedule serves in a budget-0 band:
+    no drafter, accept length 1 by design."""
+    out: List[BatchRange] = []
+    top = max(max(capture_bs), bands[-1][0]) + 1
+    for batch in range(1, top + 1):
+        if bands[band_index(bands, batch, capture_bs)][1] == 0:
+            if out and out[-1][1] == batch - 1:
+                out[-1][1] = batch
+            else:
+                out.append([batch, batch])
+    if out and out[-1][1] == top:
+        out[-1][1] = None  # every larger batch is past the last graph: the last band's budget
+    return out
+
+
+def in_ranges(batch: float, ranges: Optional[Sequence[Sequence[Optional[int]]]]) -> bool:
+    return any(batch >= lo and (hi is None or batch <= hi) for lo, hi in ranges or ())
