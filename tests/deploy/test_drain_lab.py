@@ -88,7 +88,7 @@ def test_a_deploy_drains_a_stream_of_long_requests_without_aborting_one(served, 
     lab_host.run(f"rm -f {stop_file}")
     inv = drain_inventory(served.inventory_dir, tmp_path / "inv", deadline_s=60, poll_s=0.2,
                           hooks={"out": {"command": shlex.join(lab_host.ssh_argv(f"touch {stop_file}"))}})
-    stream.start(lab_host.run, workers=3, tokens=900, stop_file=stop_file)   # ~5 s each
+    stream.start(lab_host.run, workers=3, tokens=900, stop_file=stop_file, duration_s=300)   # ~5 s each, until the out hook
     assert_within = time.monotonic() + 10
     while running(lab_host) < 3 and time.monotonic() < assert_within:
         time.sleep(0.1)
@@ -127,7 +127,9 @@ def test_a_deploy_drains_a_stream_of_long_requests_without_aborting_one(served, 
 
 def test_a_deadline_shorter_than_the_requests_records_exactly_the_aborted_count(served, lab_host, tmp_path):
     inv = drain_inventory(served.inventory_dir, tmp_path / "inv", deadline_s=1, poll_s=0.1)
-    stream.start(lab_host.run, workers=3, tokens=1500)            # ~8 s each: outlast the 1-s deadline
+    # ~8 s each (outlast the 1-s deadline), sent until the SIGTERM's 503: the default 45 s of
+    # sending ran out before a loaded CI machine's deploy reached its switch once
+    stream.start(lab_host.run, workers=3, tokens=1500, duration_s=300)
     end = time.monotonic() + 10
     while running(lab_host) < 3 and time.monotonic() < end:
         time.sleep(0.1)
@@ -175,7 +177,7 @@ def test_ctrl_c_during_the_drain_puts_the_host_back_in_the_pool(served, lab_host
                           hooks={"out": {"command": f"echo out >> {marks}"}, "in": {"command": f"echo in >> {marks}"}})
     stop_file = "/run/opsctl-lab/stream.stop"
     lab_host.run(f"rm -f {stop_file}")
-    stream.start(lab_host.run, workers=2, tokens=1500, stop_file=stop_file)   # the drain waits for them (~8 s)
+    stream.start(lab_host.run, workers=2, tokens=1500, stop_file=stop_file, duration_s=300)   # the drain waits for them (~8 s)
     end = time.monotonic() + 10
     while running(lab_host) < 1 and time.monotonic() < end:
         time.sleep(0.1)
