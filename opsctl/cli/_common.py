@@ -1,12 +1,16 @@
-"""Options shared by several commands, so they read and behave the same everywhere."""
+"""Options shared by several commands, so they read and behave the same everywhere.
+
+Nothing of the core is imported here at module level: `opsctl --help` and a command that needs
+no inventory do not pay for opsctl.config (pydantic, yaml) at start."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from opsctl.config import Inventory, load_inventory
+if TYPE_CHECKING:
+    from opsctl.config import Inventory
 
 INVENTORY_HELP = ("Inventory directory (Ansible layout: hosts.yml, group_vars/, host_vars/). "
                   "Default: $OPSCTL_INVENTORY, else inventories/lab.")
@@ -26,4 +30,6 @@ ScheduleOpt = typer.Option(None, "--budget-schedule", metavar="MIN_BATCH:BUDGET,
 
 
 def inventory(path: Optional[Path]) -> Inventory:
+    from opsctl.config import load_inventory
+
     return load_inventory(path or Path("inventories/lab"))

@@ -1,17 +1,20 @@
-"""opsctl deploy / rollback / status / history."""
+"""opsctl deploy / rollback / status / history.
+
+The flow is imported inside each command (opsctl.flow.deploy for deploy, .promote for rollback,
+.inspect for status and history): a command pays at start only for the core it runs."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from opsctl.cli import _common, _output
-from opsctl.flow import deploy as core
-from opsctl.flow.inspect import history, status
-from opsctl.flow.promote import rollback
 from opsctl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from opsctl.flow.plan import Plan
 
 
 class _StepPrinter:
@@ -184,10 +187,12 @@ def register(app: typer.Typer) -> None:
 
           OPSCTL_INVENTORY=inventories/blackwell opsctl deploy ddtree --budget 16
         """
+        from opsctl.flow import deploy as core
+
         _output.set_json(json_out)
         printer = _StepPrinter(json_out, verbose)
 
-        def confirm(plan: core.Plan) -> bool:
+        def confirm(plan: Plan) -> bool:
             if yes:
                 return True
             if json_out or not sys.stdin.isatty():
@@ -252,6 +257,8 @@ def register(app: typer.Typer) -> None:
 
           opsctl rollback --to baseline -i inventories/lab
         """
+        from opsctl.flow.promote import rollback
+
         _output.set_json(json_out)
         recs = rollback(_common.inventory(inventory), to, limit=limit, reason=reason,
                         progress=_StepPrinter(json_out), force=force, quick_verify=quick_verify)
@@ -276,6 +283,8 @@ def register(app: typer.Typer) -> None:
 
         Example: opsctl status -i inventories/lab
         """
+        from opsctl.flow.inspect import status
+
         _output.set_json(json_out)
         rows = status(_common.inventory(inventory), limit=limit)
         if json_out:
@@ -353,6 +362,8 @@ def register(app: typer.Typer) -> None:
 
           opsctl history -i inventories/lab-fleet --rollout r20261201T190000Z-1a2b
         """
+        from opsctl.flow.inspect import history
+
         _output.set_json(json_out)
         problems: list[str] = []
         recs = history(_common.inventory(inventory), limit=limit, last=last, problems=problems, rollout=rollout)

@@ -7,8 +7,6 @@ from typing import Optional
 import typer
 
 from opsctl.cli import _common, _output
-from opsctl.render import render as render_release
-from opsctl.writeout import write_rendered
 
 
 def register(app: typer.Typer) -> None:
@@ -39,7 +37,9 @@ def register(app: typer.Typer) -> None:
 
           opsctl render ddtree --trial-set "4,8,16 1:16,6:0" -i inventories/lab
         """
+        from opsctl.render import render as render_release
         from opsctl.trialset import parse_cli
+        from opsctl.writeout import write_rendered
 
         _output.set_json(json_out)
         candidates = parse_cli(trial_set) if trial_set is not None else None

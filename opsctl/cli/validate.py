@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
-from rich.markup import escape
 
 from opsctl.cli import _common, _output
 from opsctl.errors import CheckFailed, ConfigError
-from opsctl.findings import Finding
+
+if TYPE_CHECKING:
+    from opsctl.findings import Finding
 
 
 def _status(f: Finding) -> str:
@@ -19,6 +20,8 @@ def _status(f: Finding) -> str:
 
 
 def _print_findings(findings: list[Finding], title: str) -> None:
+    from rich.markup import escape
+
     # diagnoses quote log text ("[2026-05-30 ... TP0]", "[rank0]"): escape it so rich prints it as is
     rows = [[_status(f), f.check, escape(f.diagnosis), "" if f.ok else escape(f.fix)] for f in findings]
     _output.table(escape(title), ["", "check", "diagnosis", "fix"], rows)

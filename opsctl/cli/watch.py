@@ -7,7 +7,6 @@ from typing import Optional
 
 import typer
 
-from opsctl import watch as core
 from opsctl.cli import _common, _output
 
 
@@ -80,6 +79,8 @@ def register(app: typer.Typer) -> None:
 
         Example: opsctl watch status -i inventories/lab --json
         """
+        from opsctl import watch as core
+
         _output.set_json(json_out)
         reps = core.status(_common.inventory(inventory), limit)
         if json_out:
@@ -96,6 +97,8 @@ def register(app: typer.Typer) -> None:
 
         Example: opsctl watch pause --reason "load test tonight" -i inventories/lab
         """
+        from opsctl import watch as core
+
         _output.set_json(json_out)
         recs = core.set_paused(_common.inventory(inventory), True, limit=limit, reason=reason)
         if json_out:
@@ -112,6 +115,8 @@ def register(app: typer.Typer) -> None:
 
         Example: opsctl watch resume -i inventories/lab
         """
+        from opsctl import watch as core
+
         _output.set_json(json_out)
         recs = core.set_paused(_common.inventory(inventory), False, limit=limit, reason=reason)
         if json_out:

@@ -4,7 +4,6 @@ Thin: parse, call opsctl.wheelhouse / opsctl.buildwheel, print.
 """
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import List, Optional
 
@@ -88,6 +87,8 @@ def build_cmd(
 
       opsctl wheelhouse build --sglang 0.5.23 --python 3.11 --platform manylinux_2_34_x86_64 --out wh/ --with-runtime
     """
+    import tempfile
+
     from opsctl import wheelhouse as wh
 
     _output.set_json(json_out)
