@@ -35,7 +35,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from opsctl import journal
+# opsctl.journal is imported by parse() and phase_label(), which read or name a journal's lines:
+# `opsctl status --json` and `history --json` read the ledger's start records only
 
 SLOWER = 0.30       # a start this much slower than the previous start of the same profile is a finding
 
@@ -123,6 +124,8 @@ def parse(source: Any) -> Startup:
     """The phases of the last start in `source` (journal text, `journalctl -o json` entries, or a
     `journal.ParsedJournal`); within it, the last server process (a crash and restart inside one
     start counts the process that got ready, or the last one)."""
+    from opsctl import journal
+
     parsed = source if isinstance(source, journal.ParsedJournal) else journal.parse(source)
     start = journal.starts(parsed)[-1]
     proc = start.latest_process
@@ -384,6 +387,8 @@ def _kind_of_key(key: str) -> str:
 def phase_label(p: Phase) -> str:
     """A phase in words: `weight load`, `target verify graphs b16 (bs 1-64)`, `draft decode graphs
     (bs 1-64)`, `Triton compile b16`, `warm-up`, `other`."""
+    from opsctl import journal
+
     if p.key == "weight_load":
         return "weight load"
     if p.key == "warmup":

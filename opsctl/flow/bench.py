@@ -12,7 +12,6 @@ from opsctl.config import HostConfig, Inventory
 from opsctl.errors import CheckFailed, ConfigError, OpsctlError
 from opsctl.flow.steps import as_inventory
 from opsctl.gate.baseline import baseline_paths
-from opsctl.gate.measure import measure, measure_via_tunnel
 from opsctl.host.connection import Connection, connect
 from opsctl.ledger import append_ledger
 from opsctl.releases import read_state, release_profile
@@ -122,6 +121,9 @@ def run_from_text(text: str, *, source: str):
 def bench_live(inventory: str | Path | Inventory, *, limit: str | None = None, overrides: dict | None = None,
                prompt_file: Path | None = None, save_baseline_run: bool = False, on_host: bool = True,
                progress: Callable[[Any], None] | None = None) -> dict:
+    # the load generator and the interval arithmetic: status, history and rollback import this
+    # module for the stored baseline and do not load them
+    from opsctl.gate.measure import measure, measure_via_tunnel
 
     if prompt_file is not None:
         raise ConfigError("--prompt-file is supported with --url only for now",

@@ -6,8 +6,9 @@ import difflib
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from opsctl import __version__, triton, wheelhouse
+from opsctl import __version__
 from opsctl.artifacts import DrafterManifest, drafter_manifest, plan_drafter, runtime_wheel, sha256_file
 from opsctl.config import HostConfig, Profile
 from opsctl.errors import ConfigError, HostError
@@ -17,6 +18,12 @@ from opsctl.integrity import site_files, verify_release
 from opsctl.releases import HostState, read_state, release_id
 from opsctl.ledger import now_iso, who
 from opsctl.render import Rendered, env_python, render
+
+# opsctl.triton (a ddtree release) and opsctl.wheelhouse (a host without its base environment) are
+# imported in make_plan where a plan needs them: a deploy that needs neither does not load them
+# (packaging, urllib.request, ssl)
+if TYPE_CHECKING:
+    from opsctl import triton
 
 # --------------------------------------------------------------------------- plan
 
@@ -142,11 +149,15 @@ def make_plan(conn: Connection, host: HostConfig, profile: Profile, *, verify_we
                 verify_weights=verify_weights)
     env_ready = conn.run(f"test -f {env_python(host).parent.parent}/.opsctl-complete", check=False).ok
     if wheel_sha is not None:  # ddtree: the draft head's Triton kernels (read only; compiled, if at all, in stage)
+        from opsctl import triton
+
         plan.triton = triton.plan_release(conn, host, profile, wheel_sha, env_ready=env_ready)
     changes: list[str] = []
     send = 0
     if not env_ready:
         # the wheelhouse matches its lock and every wheel fits the host's Python and glibc, or nothing ships
+        from opsctl import wheelhouse
+
         plan.base_env = wheelhouse.plan_base_env(conn, host)
         be = plan.base_env
         changes.append(f"create base environment sglang-{host.runtime.sglang_version} from {be['packages']} "

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from opsctl.brake import BRAKE
 from opsctl.config import HostConfig, Inventory
 from opsctl.errors import CheckFailed, ConfigError, DeployFailed, OpsctlError
-from opsctl.flow.plan import Plan
 from opsctl.flow.ready import wait_ready
 from opsctl.flow.steps import Progress, Steps, as_inventory, noop
 from opsctl.flow.bench import drain_deadline_s
@@ -19,6 +18,9 @@ from opsctl.integrity import Integrity, verify_release
 from opsctl.releases import HostState, ledger_lost_problem, read_state, release_profile
 from opsctl.ledger import append_ledger
 from opsctl.lock import HostLock
+
+if TYPE_CHECKING:  # only the deploy's failure path passes a Plan: a rollback does not import the planner
+    from opsctl.flow.plan import Plan
 
 
 GAP_FIELDS = ("drain_s", "stop_s", "start_s", "gap_s", "inflight_at_start", "aborted")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from opsctl import journal, journal_findings
+from opsctl import journal
 from opsctl.config import HostConfig, Profile
 from opsctl.errors import DeployFailed, OpsctlError
 from opsctl.flow.steps import Steps
@@ -88,6 +88,7 @@ _DIAGNOSIS_ORDER = ("startup.capture_failed", "startup.cuda_oom", "capture.verif
 def with_start_diagnosis(conn: Connection, host: HostConfig, profile: Profile, since: int, steps: Steps,
                           exc: DeployFailed) -> DeployFailed:
     """A failed start says why, from the journal, in the same words `opsctl validate` uses."""
+    from opsctl import journal_findings  # a failed start only: a rollback that gets ready never loads it
 
     try:
         parsed = journal.parse(facts.get(conn, facts.JournalWindow(host.unit_name, since)))

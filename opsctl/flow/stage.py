@@ -9,7 +9,7 @@ import json
 import shlex
 import time
 
-from opsctl import triton, watch, wheelhouse
+from opsctl import watch
 from opsctl.artifacts import SyncResult, sync_drafter
 from opsctl.onhost import archive as onhost_archive
 from opsctl.config import Inventory
@@ -82,6 +82,8 @@ def triton_step(conn: Connection, plan: Plan, steps: Steps) -> dict:
     """The release's Triton cache before the switch (issue #36): complete already, or shipped from
     the controller's cache, or compiled on the host (no GPU, niced), or left to the first start
     (a note with the cost and the fix). Returns the outcome the deploy records."""
+    from opsctl import triton  # a ddtree release only
+
     host = plan.host
     assert plan.triton is not None and plan.runtime_sha is not None
     view = triton.read_host(conn, host, plan.runtime_sha)   # fresh: the prepare play made the environment
@@ -127,6 +129,8 @@ def _ship(conn: Connection, plan: Plan, steps: Steps) -> tuple[SyncResult | None
     sync = None
     env_wheelhouse = ""
     if plan.base_env is not None:
+        from opsctl import wheelhouse  # a host without its base environment only
+
         t0 = steps.start("wheelhouse", f"{plan.base_env['bytes_total'] / 2**20:.1f} MiB")
         remote, wsync = wheelhouse.ship(conn, host, progress=steps.note)
         env_wheelhouse = str(remote)
@@ -180,10 +184,16 @@ def _release_vars(plan: Plan, env_wheelhouse: str) -> dict:
         "opsctl_runtime_wheel": str(plan.runtime_wheel) if plan.runtime_wheel else "",
         "opsctl_drafter_digest": plan.drafter.digest if plan.drafter else "",
         # ddtree: the release's `triton` link to its runtime wheel's cache (shared/cache/triton/<sha12>)
-        "opsctl_triton_cache_id": (triton.cache_id(plan.runtime_sha)
+        "opsctl_triton_cache_id": (_triton_cache_id(plan.runtime_sha)
                                    if plan.profile.kind == "ddtree" and plan.runtime_sha else ""),
         # the host-side package (load generator, watch agent) as one archive: bin/opsctl-onhost.pyz
         "opsctl_onhost_b64": base64.b64encode(onhost_archive()).decode(),
         "opsctl_secrets_file": str(s.secrets_file) if s.secrets_file else "",
         **watch.playbook_vars(host),   # the host-side watch: installed (or removed) with every stage
     }
+
+
+def _triton_cache_id(runtime_sha: str) -> str:
+    from opsctl import triton
+
+    return triton.cache_id(runtime_sha)

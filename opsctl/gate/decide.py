@@ -17,14 +17,17 @@ floor, each with its own reason.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Callable, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from opsctl.errors import ConfigError
-from opsctl.findings import Finding
-from opsctl.gate.results import BenchLevel, BenchRun
 from opsctl.onhost.analysis import AnalysisSpec, build_spec
+
+if TYPE_CHECKING:  # annotations only: opsctl.config imports this module for GatePolicy, and a command
+    # that reads the inventory but judges nothing (render, watch) does not load the result models
+    from opsctl.findings import Finding
+    from opsctl.gate.results import BenchLevel, BenchRun
 
 Status = Literal["pass", "marginal", "inconclusive", "fail"]
 _RANK = {"pass": 0, "marginal": 1, "inconclusive": 2, "fail": 3}
@@ -203,6 +206,8 @@ class Verdict(BaseModel):
         return "\n".join(out + lines)
 
     def findings(self) -> list[Finding]:
+        from opsctl.findings import Finding
+
         out = [Finding(check=f"gate.level.c{r.concurrency}", ok=r.status == "pass",
                        diagnosis=f"{_f(r.candidate_tok_s, '%.1f')} vs {_f(r.baseline_tok_s, '%.1f')} tok/s "
                                  f"({_f(r.delta_pct, '%+.1f%%')}), {r.status}",

@@ -16,7 +16,9 @@ from typing import Any, Generic, TypeVar
 
 from opsctl.errors import HostError
 from opsctl.host.connection import Connection, Result
-from opsctl.journal import READY_LINE, load_entries_json
+
+# opsctl.journal (its parsers: some 40 patterns, a dozen dataclasses) is imported by the facts that
+# read the journal, when they run: status, history and the watch's status read none
 
 T = TypeVar("T")
 
@@ -165,6 +167,8 @@ class ReadyLines(Fact[int]):
     since: int | float | str
 
     def command(self) -> str:
+        from opsctl.journal import READY_LINE
+
         return (f"journalctl -u {shlex.quote(self.unit)} --since {shlex.quote(_since(self.since))} -o cat --no-pager "
                 f"| grep -c -F {shlex.quote(READY_LINE)}")
 
@@ -216,6 +220,8 @@ class JournalWindow(Fact[list]):
                             f"{tail[0][:300]}", _JOURNAL_FIX)
 
     def process(self, stdout: str) -> list[dict]:
+        from opsctl.journal import load_entries_json
+
         body, mark, rc = stdout.rstrip("\n").rpartition("#rc=")
         if not mark:
             body, rc = stdout, "0"
@@ -352,6 +358,8 @@ class StartJournal(Fact[dict]):
     unit: str
 
     def command(self) -> str:
+        from opsctl.journal import READY_LINE
+
         unit = shlex.quote(self.unit)
         return (f"inv=$(systemctl show -p InvocationID --value {unit}); echo \"INV=$inv\"; "
                 f"[ -n \"$inv\" ] || exit 0; t=$(mktemp); "

@@ -47,8 +47,9 @@ import statistics
 import subprocess
 import sys
 import time
+# urllib.request (http.client, email, ssl) is imported where a request is made: the controller
+# imports this module for `opsctl status` and `watch status` and never makes one
 import urllib.error
-import urllib.request
 
 from . import analysis, prometheus
 
@@ -182,6 +183,8 @@ def drain_server(unit, port, deadline_s, poll_s=1.0, _run=subprocess.run):
     /v1/loads until no request runs or waits, or `deadline_s`; requests still running then are
     counted and the server is killed (the switch that follows starts the next one). Returns the
     figures for the ledger record: drain_s, inflight_at_start, aborted. `deadline_s` 0: no drain."""
+    import urllib.request
+
     def busy():
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{int(port)}/v1/loads", timeout=10) as r:
@@ -306,6 +309,8 @@ def _run(argv: list, timeout: float = 30, **kw) -> subprocess.CompletedProcess:
 
 
 def http_get(url: str, timeout: float) -> tuple[int, str]:
+    import urllib.request
+
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             return r.status, r.read().decode("utf-8", "replace")
@@ -706,6 +711,8 @@ class Watch:
                        env={**os.environ, "OPSCTL_WATCH_EVENT": ev["event"]})
             out["command"] = {"rc": res.returncode, "stderr": res.stderr.strip()[-300:]}
         if note.get("url"):
+            import urllib.request
+
             err = None
             for attempt in range(3):
                 try:

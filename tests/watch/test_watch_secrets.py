@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -55,7 +56,7 @@ def test_a_failed_post_is_recorded_without_the_url(tmp_path, monkeypatch):
     def refuse(req, timeout):
         raise ValueError(f"unknown url type: {req.full_url!r}")
 
-    monkeypatch.setattr(agent.urllib.request, "urlopen", refuse)
+    monkeypatch.setattr(urllib.request, "urlopen", refuse)
     monkeypatch.setattr(agent.time, "sleep", lambda s: None)
     w = agent.Watch({"root": str(tmp_path), "unit": "u", "service": "s", "port": 1,
                      "state_dir": str(tmp_path / "state"), "notify": {"url": URL}})
