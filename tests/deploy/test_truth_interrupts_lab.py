@@ -83,6 +83,9 @@ def test_a_failing_deploy_after_an_unjudged_one_goes_to_the_last_good(truth_lab)
         c.kill_at("] ready      ...")
     unjudged = live(truth_lab)["current"]
     assert unjudged.startswith("ddtree-b6-")
+    # the killed deploy's guard may still hold the host lock (a loaded CI machine: the next deploy was
+    # refused with "locked by another opsctl run", exit 4, as it should be): this case starts after it
+    assert wait_until(lambda: truth_lab.run(f"flock -n {ROOT}/.lock true", check=False).returncode == 0, 120, 0.5)
     # the fault hits budget 7 only (--speculative-num-draft-tokens 8): `good` (budget 5) still starts,
     # and a rollback records ok only for a release that became ready (issue #32 item 5)
     with truth_lab.fault("capture_failure", algorithm="DDTREE", num_draft_tokens=8):
