@@ -101,13 +101,40 @@ def run_tune(inv: Path, mode: str, flags: list[str], budgets: str, out: Path) ->
             "wall_site_s": round(wall - gap_lab + gap_site, 1), "projected_start_s": plan.get("start_s"),
             "best": result.get("best"), "schedule": result.get("schedule"),
             "recommendation": result.get("recommendation"), "recommended_schedule": result.get("recommended_schedule"),
-            "trials": [(t.get("schedule") or t.get("budget"), t.get("status")) for t in result.get("trials", [])]}
+            "trials": [(t.get("schedule") or t.get("budget"), t.get("status")) for t in result.get("trials", [])],
+            "levels": {str(t["budget"]): t.get("levels") or {} for t in result.get("trials", [])
+                       if not t.get("schedule") and t.get("status") == "measured"}}
+
+
+def _overlap(a: dict | None, b: dict | None) -> bool:
+    """Two levels' speedup intervals (vs the same baseline) share a point."""
+    if not a or not b or None in (a.get("low"), a.get("high"), b.get("low"), b.get("high")):
+        return False
+    return a["low"] <= b["high"] and b["low"] <= a["high"]
+
+
+def compare_decisions(per: dict, one: dict) -> dict[str, str]:
+    """Per level: `same` (both runs pick the same budget), `tie` (they differ, but in each run the
+    two picks' speedup intervals overlap: the runs' noise decides between them, not the mode), or
+    `different`."""
+    out = {}
+    for c in sorted(set(per.get("best") or {}) | set(one.get("best") or {}), key=int):
+        a, b = (per.get("best") or {}).get(c), (one.get("best") or {}).get(c)
+        if a == b:
+            out[c] = "same"
+            continue
+        tie = all(_overlap(run["levels"].get(str(a), {}).get(c), run["levels"].get(str(b), {}).get(c))
+                  for run in (per, one))
+        out[c] = "tie" if tie else "different"
+    return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--budgets", default="4,8,16")
     ap.add_argument("--concurrency", default="1,8,32")
+    ap.add_argument("--apply", action="store_true", help="both tunes with --apply (the winner stays live: no "
+                    "restore restart; restart per trial deploys the winner unless it is the last trial)")
     ap.add_argument("--json", action="store_true", help="print the figures as one JSON document")
     a = ap.parse_args(argv)
     from opsctl import lab
@@ -130,7 +157,11 @@ def main(argv=None) -> int:
                 if p.returncode != 0:
                     raise SystemExit(f"deploy ar-tp8 failed: {p.stderr.strip()}")
                 for mode, flags in MODES:
-                    rows.append(run_tune(inv, mode, flags, a.budgets, tmp))
+                    if rows and a.apply:   # the second tune starts from the same baseline as the first
+                        p = opsctl(inv, "deploy", "ar-tp8", "--yes", "--skip-checks")
+                        if p.returncode != 0:
+                            raise SystemExit(f"deploy ar-tp8 failed: {p.stderr.strip()}")
+                    rows.append(run_tune(inv, mode, [*flags, *(["--apply"] if a.apply else [])], a.budgets, tmp))
             finally:
                 if not was_up:
                     lab.down(say=lambda m: None)
@@ -141,11 +172,13 @@ def main(argv=None) -> int:
     n = len([b for b in a.budgets.split(",") if b.strip()])
     ratio = per["wall_site_s"] / one["wall_site_s"] if one["wall_site_s"] else None
     met = bool(ratio and ratio >= TARGET_RATIO and one["trial_restarts"] == 1)
+    decisions = compare_decisions(per, one)
     if a.json:
-        print(json.dumps({"budgets": a.budgets, "levels": a.concurrency, "runs": rows, "site_wall_ratio": ratio,
+        print(json.dumps({"budgets": a.budgets, "levels": a.concurrency, "apply": a.apply, "runs": rows,
+                          "site_wall_ratio": ratio, "decisions": decisions,
                           "target": {"ratio": TARGET_RATIO, "trial_restarts": 1, "met": met}}, indent=1))
         return 0
-    print(f"tune ddtree --budgets {a.budgets} on the lab, levels {a.concurrency}")
+    print(f"tune ddtree --budgets {a.budgets}{' --apply' if a.apply else ''} on the lab, levels {a.concurrency}")
     print("| mode | restarts (trials / all, planned) | wall, lab | gap, lab | time scale | gap, site | wall, site |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
@@ -157,8 +190,10 @@ def main(argv=None) -> int:
           + (f"{ratio:.2f}x less" if ratio else "?") + f" (target >= {TARGET_RATIO:g}x, 1 restart): "
           + ("met" if met else "NOT met"))
     print(f"restarts by why: restart per trial {per['by_why']}, one restart {one['by_why']}")
-    same = all(per[k] == one[k] for k in ("best", "schedule", "recommendation", "recommended_schedule"))
-    print(f"per-level decisions: {'the same' if same else 'DIFFERENT'}: best {per['best']} vs {one['best']}; "
+    verdict = ("the same" if set(decisions.values()) <= {"same"} else "the same within the intervals"
+               if "different" not in decisions.values() else "DIFFERENT")
+    print(f"per-level decisions: {verdict} ({', '.join(f'C={c}: {v}' for c, v in decisions.items())}): "
+          f"best {per['best']} vs {one['best']}; "
           f"schedule {per['schedule']} vs {one['schedule']}; recommendation "
           f"{per['recommended_schedule'] or per['recommendation']} vs "
           f"{one['recommended_schedule'] or one['recommendation']}")

@@ -169,3 +169,15 @@ SSH_OPTIONS = (
     "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=2", "-o", "LogLevel=ERROR",
     "-o", "BatchMode=yes",
 )
+
+# The lab's own commands in a guest (guest_run: the tests' checks, faults, `opsctl lab ssh`) share
+# one SSH connection per guest: a new connection costs both sides a key exchange and the guest's
+# sshd a fork and re-exec, ~0.1 s of CPU on a 2-core machine that also runs the tests. The master
+# lives until `lab down` closes it (`ssh -O exit`) or 10 minutes after its last session; server
+# alive probes end it within ~6 s of its guest going away. opsctl's own connections (fabric,
+# ansible, rsync) are not multiplexed by this: they are what is under test.
+SSH_CONTROL_DIR = Path("/run/opsctl-lab-ssh")
+SSH_MUX_OPTIONS = (
+    "-o", "ControlMaster=auto", "-o", "ControlPersist=600",
+    "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3",
+)

@@ -49,6 +49,9 @@ SSHD_CONF = """# opsctl lab only: no PAM session per login (no logind scope, no 
 UsePAM no
 PrintMotd no
 PrintLastLog no
+# the lab's own commands share one connection per guest (constants.SSH_MUX_OPTIONS); tests run
+# several at once (default 10 sessions per connection)
+MaxSessions 64
 """
 
 GUEST_BASHRC = """# ~/.bashrc of root on the opsctl lab host (guest only): a plain Debian root shell.

@@ -217,11 +217,20 @@ def _locked(path: Path = C.LOCK_FILE, wait_s: float = 300) -> Iterator[None]:
 
 # ---------------------------------------------------------------- SSH to the guest
 
+def control_path(node: "int | str | C.LabNode" = 1) -> Path:
+    """The socket of the guest's shared SSH connection (C.SSH_MUX_OPTIONS)."""
+    return C.SSH_CONTROL_DIR / _node(node).name
+
+
 def ssh_argv(command: str | None = None, *, tty: bool = False, node: "int | str | C.LabNode" = 1) -> list[str]:
-    argv = ["ssh", "-i", str(C.KEY_FILE), *C.SSH_OPTIONS, "-p", str(C.SSH_PORT)]
+    n = _node(node)
+    with contextlib.suppress(OSError):   # a caller that only prints the command may not be root
+        C.SSH_CONTROL_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+    argv = ["ssh", "-i", str(C.KEY_FILE), *C.SSH_OPTIONS, *C.SSH_MUX_OPTIONS, "-o", f"ControlPath={control_path(n)}",
+            "-p", str(C.SSH_PORT)]
     if tty:
         argv.append("-t")
-    argv.append(f"{C.SSH_USER}@{_node(node).guest_ip}")
+    argv.append(f"{C.SSH_USER}@{n.guest_ip}")
     if command is not None:
         argv += ["--", command]
     return argv
@@ -243,6 +252,20 @@ def guest_run(command: str, *, timeout: float = 60, stdin: str | None = None,
                        "is the lab up? 'opsctl lab status'" if n.index == 1 else
                        f"is {n.name} up? 'opsctl lab status'; 'opsctl lab up --hosts {n.index}' boots it")
     return proc
+
+
+def close_ssh_master(node: "int | str | C.LabNode" = 1) -> None:
+    """End the guest's shared SSH connection, if one is open (the master exits on request; its
+    socket goes with it)."""
+    n = _node(node)
+    sock = control_path(n)
+    if not sock.exists():
+        return
+    with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+        subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", f"{C.SSH_USER}@{n.guest_ip}"],
+                       capture_output=True, timeout=5)
+    with contextlib.suppress(OSError):
+        sock.unlink()
 
 
 def ssh_answers(timeout: float = 4, node: "int | str | C.LabNode" = 1) -> bool:
@@ -309,6 +332,8 @@ def node_leftovers(node: "int | C.LabNode" = 1) -> list[str]:
         out.append(f"process: nspawn pid {pid}")
     if n.pid_file.exists():
         out.append(f"file: {n.pid_file}")
+    if control_path(n).exists():
+        out.append(f"socket: {control_path(n)} (the lab's SSH connection to {n.name})")
     for p in sorted(_cgroup_pids(n)):
         out.append(f"process: pid {p} in the lab cgroup {n.cgroup_name}")
     for d in cgroup_dirs(n):
@@ -400,6 +425,7 @@ def _halt(node: "int | C.LabNode", say: Say, halt_wait_s: float = 30) -> list[in
 def _cleanup(say: Say, halt_wait_s: float = 30, node: "int | C.LabNode" = 1) -> None:
     """Remove everything a node's (running or crashed) lab left behind."""
     n = _node(node)
+    close_ssh_master(n)
     for pid in _halt(n, say):
         _stop_pid(pid, halt_wait_s, say)
     # whatever is left in the node's cgroup was started by its boot script (the guest's processes)

@@ -45,6 +45,22 @@ def test_boots_a_real_systemd_host(lab_host):
     assert lab_host.run("ip route show default").stdout.strip() == ""
 
 
+def test_the_labs_own_commands_share_one_ssh_connection(lab_host):
+    import subprocess
+
+    def accepted() -> int:  # sshd logs one line per connection it accepts
+        return lab_host.run("journalctl -u ssh --no-pager -o cat | grep -c '^Accepted publickey'").stdout.strip()
+
+    before = accepted()
+    for _ in range(5):
+        assert lab_host.run("true").returncode == 0
+    assert accepted() == before   # six commands, no new connection
+    sock = lab.host.control_path(lab_host.node)
+    check = subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "check", f"root@{lab_host.address}"],
+                           capture_output=True, text=True, timeout=10)
+    assert check.returncode == 0, check.stderr
+
+
 def test_unit_by_hand_active_and_journal(lab_host):
     unit = f"""[Unit]
 Description=opsctl lab test unit
