@@ -176,6 +176,7 @@ def main(argv=None) -> int:
     if a.json:
         print(json.dumps({"budgets": a.budgets, "levels": a.concurrency, "apply": a.apply, "runs": rows,
                           "site_wall_ratio": ratio, "decisions": decisions,
+                          "site_gap_ratio": per["gap_site_s"] / one["gap_site_s"] if one["gap_site_s"] else None,
                           "target": {"ratio": TARGET_RATIO, "trial_restarts": 1, "met": met}}, indent=1))
         return 0
     print(f"tune ddtree --budgets {a.budgets}{' --apply' if a.apply else ''} on the lab, levels {a.concurrency}")
@@ -190,6 +191,12 @@ def main(argv=None) -> int:
           + (f"{ratio:.2f}x less" if ratio else "?") + f" (target >= {TARGET_RATIO:g}x, 1 restart): "
           + ("met" if met else "NOT met"))
     print(f"restarts by why: restart per trial {per['by_why']}, one restart {one['by_why']}")
+    # what the ratio tends to when measuring took no time: the restarts' site gaps alone
+    if one["gap_site_s"]:
+        print(f"restarts alone at the site's scale (measurement excluded): {human_s(per['gap_site_s'])} vs "
+              f"{human_s(one['gap_site_s'])}, {per['gap_site_s'] / one['gap_site_s']:.2f}x; measurement and "
+              f"switching: {human_s(per['wall_site_s'] - per['gap_site_s'])} vs "
+              f"{human_s(one['wall_site_s'] - one['gap_site_s'])}")
     verdict = ("the same" if set(decisions.values()) <= {"same"} else "the same within the intervals"
                if "different" not in decisions.values() else "DIFFERENT")
     print(f"per-level decisions: {verdict} ({', '.join(f'C={c}: {v}' for c, v in decisions.items())}): "

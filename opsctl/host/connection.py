@@ -239,7 +239,7 @@ class SSHConnection:
             if chan is not None:
                 chan.close()
             raise HostError(f"host {self.name} became unreachable: lost the SSH connection while running "
-                            f"{command[:80]!r}: {exc or type(exc).__name__}",
+                            f"{command[:80]!r}: {type(exc).__name__}{f': {exc}' if str(exc) else ''}",
                             "check the host is up, then run the command again") from exc
         result = Result(command, rc, out.decode(errors="replace"), err.decode(errors="replace"),
                         time.monotonic() - start, self.name)

@@ -110,6 +110,32 @@ def wait_for(pred, timeout: float, step: float = 1.0):
     return pred()
 
 
+def mark(wl) -> tuple[int, int]:
+    """Where the notify events and the ledger stand now (watch_rolled_back looks past it: a
+    release id is its content, so the same release may have been rolled back by an earlier test)."""
+    return len(wl.events), len(ledger(wl.lab))
+
+
+def watch_rolled_back(wl, from_release: str, since: tuple[int, int], timeout: float = 30.0) -> dict:
+    """The watch's rollback record from `from_release` after `since` (mark()), once the watch is
+    done with it. Its `current` link flips first; the record is appended once the baseline serves,
+    the host lock is let go, and the notify goes out last: a test that stopped at the link raced
+    the rest (and the next test received the notify)."""
+    n_events, n_records = since
+
+    def done():
+        if not any(e.get("event") in ("rollback", "rollback_failed") and (e.get("release") or {}).get("from") == from_release
+                   for e in wl.events[n_events:]):
+            return None
+        recs = [r for r in ledger(wl.lab)[n_records:]
+                if r.get("action") == "rollback" and r.get("from_release") == from_release]
+        return recs[-1] if recs else None
+
+    rec = wait_for(done, timeout, 0.5)
+    assert rec, f"the watch's rollback from {from_release} never completed: {ledger(wl.lab)[-2:]}"
+    return rec
+
+
 def restart_service(lab) -> None:
     lab.run("systemctl restart sglang-k26", check=True, timeout=60)
     probe = ("python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:30000/health_generate', "
@@ -133,6 +159,7 @@ def test_decayed_ddtree_is_switched_back_to_the_baseline_by_the_host_alone(wl, o
     assert lab.run("systemctl is-active opsctl-watch-sglang-k26").stdout.strip() == "active"
     over_s, target = 2.0, 1.5
     lab.run(f"rm -f {ONSET_FILE}")
+    since = mark(wl)
     # healthy until the onset file exists: the gated deploy judges a good release, however long it takes
     with lab.fault("accept_decay", onset_file=ONSET_FILE, over_s=over_s, accept_len=target, algorithm="DDTREE"):
         t_deploy = time.monotonic()
@@ -147,7 +174,7 @@ def test_decayed_ddtree_is_switched_back_to_the_baseline_by_the_host_alone(wl, o
                               check=True).stdout)
         switched = wait_for(lambda: current(lab) == base["release"], timeout=over_s + WINDOW + 60)
     assert switched, "the watch never switched back"
-    rec = [r for r in ledger(lab) if r["action"] == "rollback"][-1]
+    rec = watch_rolled_back(wl, ddt["release"], since)
     assert rec["result"] == "ok" and rec["who"].startswith("opsctl-watch@") and rec["automatic"]
     assert rec["from_release"] == ddt["release"] and rec["to_release"] == base["release"]
     breaches = {b["rule"]: b for b in rec["watch"]["breaches"]}
@@ -217,6 +244,7 @@ def test_pause_stops_actions_and_resume_lets_it_act(wl, ops):
     rc, out, err = ops.json("watch", "pause", "--reason", "load test", inventory=wl.inv)
     assert rc == 0, err
     live = current(lab)
+    since = mark(wl)
     with lab.fault("accept_decay", after_s=0, over_s=1, accept_len=1.4, algorithm="DDTREE"):
         restart_service(lab)                                           # the release degrades from now on
         load.start(90, cmin=3, cmax=5, node=lab.node)
@@ -231,6 +259,7 @@ def test_pause_stops_actions_and_resume_lets_it_act(wl, ops):
         rc, out, err = ops.json("watch", "resume", inventory=wl.inv)
         assert rc == 0, err
         assert wait_for(lambda: current(lab).startswith("ar-tp8-"), WINDOW + 3 * INTERVAL), "no action after resume"
+        watch_rolled_back(wl, live, since)
     load.stop(node=lab.node)
     kinds = [(r["action"], r.get("result")) for r in ledger(lab)[-3:]]
     assert kinds == [("watch", "paused"), ("watch", "resumed"), ("rollback", "ok")]
@@ -281,11 +310,12 @@ def test_crash_loop_is_rolled_back(wl, ops):
     """A release that starts crashing after promotion: the unit's Restart= makes it a loop
     (restart_sec: 3 here), the watch's restarts rule (more than 1 failure in the window) switches back."""
     lab = wl.lab
+    since = mark(wl)
     with lab.fault("crash_loop", after_s=4, every_s=1, algorithm="DDTREE"):
         ddt = deploy(ops, wl.crash_inv, "ddtree", "--budget", "8", *FAST)
         assert wait_for(lambda: current(lab).startswith("ar-tp8-"), 90, 2), "crash loop not rolled back"
-    rec = ledger(lab)[-1]
-    assert rec["action"] == "rollback" and rec["from_release"] == ddt["release"] and rec["result"] == "ok"
+    rec = watch_rolled_back(wl, ddt["release"], since)
+    assert rec == ledger(lab)[-1] and rec["result"] == "ok"
     restarts = next(b for b in rec["watch"]["breaches"] if b["rule"] == "restarts")
     assert restarts["observed"] >= 2 and "illegal memory access" in json.dumps(rec["watch"])
 
@@ -329,13 +359,14 @@ def test_a_release_below_the_baseline_curve_is_switched_back_on_throughput_alone
     lab = wl.lab
     base = current(lab)
     assert base.startswith("ar-tp8-")
+    since = mark(wl)
     with lab.fault("accept_collapse", accept_len=3.0, cpu_tree_ms_per_req=40, algorithm="DDTREE"):
         ddt = deploy(ops, wl.inv, "ddtree", "--budget", "16", *FAST)
         load.start(90, cmin=2, cmax=6, out_min=32, out_max=96, node=lab.node)
         switched = wait_for(lambda: current(lab) == base, WINDOW + 60)
     load.stop(node=lab.node)
     assert switched, watch_status(ops, wl.inv)["last"]
-    rec = [r for r in ledger(lab) if r["action"] == "rollback"][-1]
+    rec = watch_rolled_back(wl, ddt["release"], since)
     assert rec["from_release"] == ddt["release"] and rec["who"].startswith("opsctl-watch@") and rec["result"] == "ok"
     breaches = {b["rule"]: b for b in rec["watch"]["breaches"]}
     assert set(breaches) == {"throughput"}, breaches
@@ -350,6 +381,7 @@ def test_a_breach_on_a_full_disk_is_shown_failing_and_acted_on_once_there_is_roo
     lab = wl.lab
     base = current(lab)
     lab.run(f"rm -f {ONSET_FILE}")
+    since = mark(wl)
     with lab.fault("accept_decay", onset_file=ONSET_FILE, over_s=1, accept_len=1.4, algorithm="DDTREE"):
         ddt = deploy(ops, wl.inv, "ddtree", "--budget", "16", *FAST)
         load.start(120, cmin=2, cmax=6, out_min=32, out_max=96, node=lab.node)
@@ -371,7 +403,7 @@ def test_a_breach_on_a_full_disk_is_shown_failing_and_acted_on_once_there_is_roo
         switched = wait_for(lambda: current(lab) == base, WINDOW + 60)
     load.stop(node=lab.node)
     assert switched, (watch_status(ops, wl.inv)["summary"], [(r.get("action"), r.get("result"), r.get("reason"), r.get("error")) for r in ledger(lab)[-3:]])
-    rec = [r for r in ledger(lab) if r["action"] == "rollback"][-1]
+    rec = watch_rolled_back(wl, ddt["release"], since)
     assert rec["from_release"] == ddt["release"] and rec["who"].startswith("opsctl-watch@") and rec["result"] == "ok"
     assert lab.run("flock -n /opt/opsctl/.lock true", check=False).returncode == 0
     assert lab.run("test -e /opt/opsctl/.lock.holder", check=False).returncode != 0
