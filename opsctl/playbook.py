@@ -184,6 +184,7 @@ def run_playbook_hosts(inventory: Inventory, hosts: list[HostConfig], playbook: 
             r.window = tuple(window[n]) if n in window else None
         return results
     finally:  # every exit the controller survives (errors, Ctrl-C); kill -9: the next run sweeps it
+        close_control_masters(work / "cp")
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -221,6 +222,25 @@ def work_dir(tmp: str | None = None) -> Path:
         if mine and int(parts[0]) != os.getpid() and not _pid_alive(int(parts[0])):
             shutil.rmtree(path, ignore_errors=True)
     return Path(tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-", dir=tmp))
+
+
+def close_control_masters(control_dir: Path) -> list[str]:
+    """End the SSH masters Ansible left behind (ControlPersist keeps each open for 60 s after its
+    last task, still connected to the host, its socket gone with the run's directory): ask each
+    to exit through its socket. Returns the sockets asked."""
+    import subprocess
+
+    try:
+        socks = sorted(p for p in control_dir.iterdir() if p.is_socket())
+    except OSError:
+        return []
+    for sock in socks:
+        try:   # the destination is not contacted: -O talks to the master on the socket only
+            subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "opsctl-control-master"],
+                           capture_output=True, timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return [str(s) for s in socks]
 
 
 def _reachable(host: HostConfig) -> bool:
@@ -279,5 +299,6 @@ def _run(ansible_runner, work: Path, pb: Path, inventories: list[str], names: li
             results[n] = PlayResult(playbook, rc, runner.status, count("changed", n), count("ok", n),
                                     count("failures", n), count("dark", n), steps[n], elapsed)
     finally:
+        close_control_masters(work / "cp")
         shutil.rmtree(work, ignore_errors=True)
     return results

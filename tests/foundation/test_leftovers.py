@@ -105,3 +105,29 @@ def test_a_live_holder_is_named(tmp_path):
     assert describe_holder(LocalConnection(), _host(root)) == "ops@ctl (pid 7, deploy since 2026-01-01T00:00:00Z)"
     (root / ".lock.holder").unlink()
     assert describe_holder(LocalConnection(), _host(root)) == "another opsctl run"
+
+
+def test_ansibles_persisting_ssh_masters_are_asked_to_exit_before_the_work_dir_goes(tmp_path, monkeypatch):
+    """Ansible's ControlPersist leaves each master connected to the host for 60 s after the run;
+    the run's directory (and the socket) is removed, so only opsctl can end them, by their sockets."""
+    import socket
+
+    cp = tmp_path / "cp"
+    cp.mkdir()
+    listening = []
+    for name in ("816dc54f19", "0a1b2c3d4e"):
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(cp / name))
+        listening.append(s)
+    (cp / "not-a-socket").write_text("")
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda argv, **kw: calls.append(argv))
+    try:
+        asked = playbook.close_control_masters(cp)
+    finally:
+        for s in listening:
+            s.close()
+    assert asked == [str(cp / "0a1b2c3d4e"), str(cp / "816dc54f19")]
+    assert [c[:2] + c[3:5] for c in calls] == [["ssh", "-o", "-O", "exit"]] * 2
+    assert [c[2] for c in calls] == [f"ControlPath={a}" for a in asked]
+    assert playbook.close_control_masters(tmp_path / "gone") == []
