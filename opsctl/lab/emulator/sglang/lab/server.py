@@ -107,6 +107,7 @@ class Emulator:
         self.gracefully_exit = False    # SIGTERM: drain (TokenizerManager.gracefully_exit)
         self.waiting: collections.deque[Req] = collections.deque()
         self.running: list[Req] = []
+        self.dispatching = 0   # HTTP requests between their first line and their response
         self.wakeup: asyncio.Event | None = None
         self.rng = random.Random(args.random_seed if args.random_seed is not None else 1234)
         self.accept_len = model.accept_len()
@@ -239,6 +240,12 @@ class Emulator:
                 await asyncio.sleep(period)
             else:
                 break
+        # A request leaves rid_to_state as it finishes, a moment before its handler writes the
+        # response: give those handlers that moment, as SGLang's own exit path (crash dump, scheduler
+        # shutdown) does, so a drained request is never cut after its last token.
+        deadline = time.monotonic() + 1.0
+        while self.dispatching and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         # the schedulers are asked to exit, then uvicorn stops (server_stop_hook)
         log("INFO:     Shutting down")
         log("INFO:     Waiting for application shutdown.")
@@ -563,7 +570,11 @@ class Emulator:
                         await reader.readline()
                 keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
                 url = urlsplit(target)
-                status = await self.dispatch(method, url.path, body, writer, keep, query=url.query)
+                self.dispatching += 1
+                try:
+                    status = await self.dispatch(method, url.path, body, writer, keep, query=url.query)
+                finally:
+                    self.dispatching -= 1
                 log(f'INFO:     {peer[0]}:{peer[1]} - "{method} {target} {version}" {status} {REASONS.get(status, "")}')
                 if not keep:
                     break
