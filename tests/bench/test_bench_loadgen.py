@@ -52,14 +52,17 @@ def _truth(results):
 
 
 def test_measured_ttft_itl_and_throughput_match_the_known_schedule():
-    """Two truths: the schedule the server was told to keep (200 ms to the first
-    token, then one token per 10 ms), and the send times the server recorded on
-    its own clock. The client must be within 2% of both (3% for the 200 ms time
-    to the first token, where a stall of a few ms on a busy 2-core box is already
-    2%), by the median over 3 repeats (the gate's own method): a shared 2-core box
-    stalls a process for milliseconds now and then, the server as much as the client."""
-    ttft, gap, out_len = 0.200, 0.010, 21
-    e2e = ttft + (out_len - 1) * gap                      # 0.4 s per request
+    """Two truths: the schedule the server was told to keep (500 ms to the first
+    token, then one token per 25 ms), and the send times the server recorded on
+    its own clock. The client must be within 3 % of both, by the median over 3
+    repeats (the gate's own method); a wrong formula is further off (a token too
+    many in the first-token time: +5 %; n instead of n - 1 gaps: 5 %). The times
+    are long enough for the machine's own noise to stay inside: on a VM a process
+    that slept 200-500 ms wakes 5-12 ms after its socket is ready (2-3 ms for a
+    blocking recv()), which was 4.6 % of a 200 ms first token and, being the first
+    token's alone, 2.3 % of the mean gap over 25 ms gaps."""
+    ttft, gap, out_len = 0.500, 0.025, 21
+    e2e = ttft + (out_len - 1) * gap                      # 1 s per request
     spec = loadgen.LoadSpec(input_len=8, output_len=out_len)
     prompts = [{"input_ids": [i, 2, 3]} for i in range(4)]
     per_level = {1: [], 4: []}
@@ -80,13 +83,13 @@ def test_measured_ttft_itl_and_throughput_match_the_known_schedule():
             errs["itl"].append(m["mean_itl_ms"] / (true_itl * 1000) - 1)
             errs["tok_s"].append(m["output_throughput"] / true_tok_s - 1)
         for k, e in errs.items():     # against what the server really sent: median error over repeats
-            assert abs(statistics.median(e)) <= (0.03 if k == "ttft" else 0.02), (c, k, e)
+            assert abs(statistics.median(e)) <= 0.03, (c, k, e)
         ms = [loadgen.compute_metrics(r, d) for r, d in runs]
         med = lambda k: statistics.median(x[k] for x in ms)   # noqa: E731
         n = len(runs[0][0])
         assert kept_schedule(med("median_ttft_ms"), ttft * 1000), (c, med("median_ttft_ms"))
-        assert within(med("median_itl_ms"), gap * 1000), (c, med("median_itl_ms"))
-        assert within(med("mean_tpot_ms"), gap * 1000)
+        assert within(med("median_itl_ms"), gap * 1000, 0.03), (c, med("median_itl_ms"))
+        assert within(med("mean_tpot_ms"), gap * 1000, 0.03), (c, med("mean_tpot_ms"))
         assert within(med("median_e2e_latency_ms"), e2e * 1000)
         assert within(med("output_throughput"), n * out_len / (n / c * e2e)), (c, med("output_throughput"))
         assert within(med("request_throughput"), n / (n / c * e2e))
