@@ -28,12 +28,13 @@ def within(measured: float, truth: float, rel: float = 0.02) -> bool:
     return abs(measured - truth) <= rel * truth
 
 
-def kept_schedule(measured_ms: float, nominal_ms: float, rel: float = 0.03, late: float = 0.08) -> bool:
-    """The fake server sleeps to its schedule: a busy box makes it late, never early. Measured on
-    the 2-core CI box (unit tier on 4 workers, the whole-lab tests booting hosts beside it): the
-    200 ms first token came up to 4 % late while the client stayed within 2 % of the server's own
-    clock; `late` is twice that."""
-    return nominal_ms * (1 - rel) <= measured_ms <= nominal_ms * (1 + late)
+def kept_schedule(measured: float, nominal: float, rel: float = 0.03, late: float = 0.15,
+                  slower_is_higher: bool = True) -> bool:
+    """The fake server sleeps to its schedule: a busy box or a VM's wake-up lag (a few % of
+    each idle span, see the test below) makes it late, never early. A time comes out higher, a
+    rate lower; `late` is the room for that, `rel` for the other side."""
+    lo, hi = (1 - rel, 1 + late) if slower_is_higher else (1 - late, 1 + rel)
+    return nominal * lo <= measured <= nominal * hi
 
 
 def _levels(records):
@@ -52,17 +53,18 @@ def _truth(results):
 
 
 def test_measured_ttft_itl_and_throughput_match_the_known_schedule():
-    """Two truths: the schedule the server was told to keep (500 ms to the first
-    token, then one token per 25 ms), and the send times the server recorded on
-    its own clock. The client must be within 3 % of both, by the median over 3
-    repeats (the gate's own method); a wrong formula is further off (a token too
-    many in the first-token time: +5 %; n instead of n - 1 gaps: 5 %). The times
-    are long enough for the machine's own noise to stay inside: on a VM a process
-    that slept 200-500 ms wakes 5-12 ms after its socket is ready (2-3 ms for a
-    blocking recv()), which was 4.6 % of a 200 ms first token and, being the first
-    token's alone, 2.3 % of the mean gap over 25 ms gaps."""
-    ttft, gap, out_len = 0.500, 0.025, 21
-    e2e = ttft + (out_len - 1) * gap                      # 1 s per request
+    """Two truths: the schedule the server was told to keep (200 ms to the first
+    token, then one token per 50 ms), and the send times the server recorded on
+    its own clock, by the median over 3 repeats (the gate's own method).
+
+    The bounds leave room for the machine and none for a wrong formula. On a VM a
+    process that was idle for d reads its socket a few % of d after the data came
+    (measured here: 1-5 % of d, drifting over the hours; busy CPUs do not help):
+    the client's first token after 200 ms idle is 2-10 ms late, a token after a
+    50 ms gap 0.5-2.5 ms. So the time to the first token has 10 % (a token too many
+    is +25 %), the gaps 3 % (n instead of n - 1 of them is 10 %)."""
+    ttft, gap, out_len = 0.200, 0.050, 11
+    e2e = ttft + (out_len - 1) * gap                      # 0.7 s per request
     spec = loadgen.LoadSpec(input_len=8, output_len=out_len)
     prompts = [{"input_ids": [i, 2, 3]} for i in range(4)]
     per_level = {1: [], 4: []}
@@ -83,16 +85,17 @@ def test_measured_ttft_itl_and_throughput_match_the_known_schedule():
             errs["itl"].append(m["mean_itl_ms"] / (true_itl * 1000) - 1)
             errs["tok_s"].append(m["output_throughput"] / true_tok_s - 1)
         for k, e in errs.items():     # against what the server really sent: median error over repeats
-            assert abs(statistics.median(e)) <= 0.03, (c, k, e)
+            assert abs(statistics.median(e)) <= (0.10 if k == "ttft" else 0.03), (c, k, e)
         ms = [loadgen.compute_metrics(r, d) for r, d in runs]
         med = lambda k: statistics.median(x[k] for x in ms)   # noqa: E731
         n = len(runs[0][0])
         assert kept_schedule(med("median_ttft_ms"), ttft * 1000), (c, med("median_ttft_ms"))
         assert within(med("median_itl_ms"), gap * 1000, 0.03), (c, med("median_itl_ms"))
         assert within(med("mean_tpot_ms"), gap * 1000, 0.03), (c, med("mean_tpot_ms"))
-        assert within(med("median_e2e_latency_ms"), e2e * 1000)
-        assert within(med("output_throughput"), n * out_len / (n / c * e2e)), (c, med("output_throughput"))
-        assert within(med("request_throughput"), n / (n / c * e2e))
+        assert kept_schedule(med("median_e2e_latency_ms"), e2e * 1000, late=0.08), (c, med("median_e2e_latency_ms"))
+        assert kept_schedule(med("output_throughput"), n * out_len / (n / c * e2e), late=0.08,
+                             slower_is_higher=False), (c, med("output_throughput"))
+        assert kept_schedule(med("request_throughput"), n / (n / c * e2e), late=0.08, slower_is_higher=False)
         if c == 4:
             assert within(med("concurrency"), 4.0, 0.03)   # effective concurrency, as bench_serving defines it
 
@@ -103,7 +106,8 @@ def test_multi_token_events_split_the_gap_and_report_accept_length():
         spec = loadgen.LoadSpec(url=url, concurrency=[2], input_len=8, output_len=21, requests_per_level=2, warmup=2)
         rec = _levels(loadgen.run(spec))[2]
     assert rec["total_output_tokens"] == 42
-    assert within(rec["median_itl_ms"], 10.0)           # 30 ms per 3 tokens
+    # 30 ms per 3 tokens (unsplit: 30 ms and 0); 5 %: a VM's wake-up lag after each 30 ms gap
+    assert within(rec["median_itl_ms"], 10.0, 0.05), rec["median_itl_ms"]
     assert rec["request_accept_length"] == pytest.approx(3.0)   # 21 tokens / 7 verify steps
     assert rec["accept_length"] == pytest.approx(3.0)           # /server_info
     assert rec["metrics_accept_length"] == pytest.approx(3.0)   # /metrics

@@ -411,6 +411,7 @@ def test_budget_schedule_captures_each_band_at_its_width(tmp_path):
     assert 32 not in [int(x) for x in draft_end["bs"].split(",")]   # budget 0: no drafter graph
 
 
+@pytest.mark.timing  # tokens per second against the performance model (c=1 fell below 70 % beside the unit tier)
 def test_budget_schedule_steps_follow_the_running_batch_and_stay_lossless(tmp_path):
     args = DDTREE_SCHED + ["--decode-log-interval", "4"]
     with Emu(tmp_path / "s", args, env=_schedule_env(tmp_path)) as emu:

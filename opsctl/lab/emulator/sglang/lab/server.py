@@ -229,9 +229,11 @@ class Emulator:
         period = WATCHDOG_S / self.scale
         while not self.gracefully_exit:
             await asyncio.sleep(period)
+        forced = False
         while True:
             if os.environ.get("SGL_FORCE_SHUTDOWN", "").lower() in ("1", "true", "yes", "y", "on"):
                 log("Signal SIGTERM received while force shutdown flag set. Force exiting.")
+                forced = True
                 break
             left = self.remaining()
             log(f"Gracefully exiting... Remaining number of requests {len(left)}. "
@@ -240,14 +242,16 @@ class Emulator:
                 await asyncio.sleep(period)
             else:
                 break
-        # A request leaves rid_to_state as it finishes, a moment before its handler writes the
-        # response: give those handlers that moment, as SGLang's own exit path (crash dump, scheduler
-        # shutdown) does, so a drained request is never cut after its last token.
-        deadline = time.monotonic() + 1.0
-        while self.dispatching and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        # the schedulers are asked to exit, then uvicorn stops (server_stop_hook)
+        # the schedulers are asked to exit, then uvicorn stops (server_stop_hook sets should_exit):
+        # its shutdown waits for connections still sending a response. A request leaves
+        # rid_to_state as it finishes, a moment before its handler writes the response.
         log("INFO:     Shutting down")
+        await asyncio.sleep(0.1 / self.scale)
+        if self.dispatching and not forced:   # forced: the killed schedulers answer nobody
+            log("INFO:     Waiting for connections to close. (CTRL+C to force quit)")
+            deadline = time.monotonic() + 30.0   # uvicorn has none; systemd's TimeoutStopSec ends it
+            while self.dispatching and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
         log("INFO:     Waiting for application shutdown.")
         log("INFO:     Application shutdown complete.")
         log(f"INFO:     Finished server process [{os.getpid()}]")
