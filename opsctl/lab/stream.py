@@ -1,7 +1,8 @@
 """A steady stream of long requests inside a lab guest, as a health-checking load balancer sends
 them (issue #35's drain tests and benchmarks/switch_gap.py): a fixed number of workers, each
 sends one long greedy request after another (`ignore_eos`: exactly `tokens` tokens) and stops
-sending once /health is not 200 or the balancer's stop file exists (SGLang 0.5.23 keeps admitting
+sending once /health answers other than 200 (or not at all, three times in a row) or the
+balancer's stop file exists (SGLang 0.5.23 keeps admitting
 while it drains; a balancer is what stops the traffic). Every request is recorded: its status,
 the tokens it got, its start and end. Runs as a transient unit in the guest (stdlib python3).
 
@@ -28,11 +29,19 @@ reqs = []
 stop = [False]
 
 def healthy():
-    try:
-        with urllib.request.urlopen(a["url"] + "/health", timeout=5) as r:
-            return r.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
+    """False once /health answers anything but 200 (SGLang's 503 while it drains), or gives no
+    answer 3 times in a row, 0.2 s apart: a balancer's unhealthy threshold, so one health check
+    that timed out on a busy machine does not take the host out (it did once in CI, and the
+    drain test then found nothing in flight)."""
+    for attempt in range(3):
+        try:
+            with urllib.request.urlopen(a["url"] + "/health", timeout=5) as r:
+                return r.status == 200
+        except urllib.error.HTTPError:
+            return False
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.2)
+    return False
 
 def worker(i):
     end = time.monotonic() + a["duration_s"]
