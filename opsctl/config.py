@@ -225,6 +225,18 @@ class ModelFacts(_Strict):
 
 class DrafterFacts(_Strict):
     source: Path = Field(description="drafter weights directory on the controller")
+    reference_accept: dict[int, float] = Field(
+        default_factory=dict, description="the drafter's accept length by DDTree budget as measured elsewhere "
+        "(e.g. {8: 4.48, 16: 5.3}): what `opsctl diagnose` holds a release's acceptance to")
+
+    @field_validator("reference_accept")
+    @classmethod
+    def _reference(cls, v: dict[int, float]) -> dict[int, float]:
+        for budget, accept in v.items():
+            if budget < 1 or accept < 1:
+                raise ValueError(f"reference_accept {budget}: {accept}: a budget is >= 1 and an accept length "
+                                 ">= 1 (it counts the bonus token)")
+        return v
 
 
 class RuntimeFacts(_Strict):

@@ -282,8 +282,17 @@ def start_lines(start: dict | None) -> list[str]:
     return [f"Last start: {start.get('ts') or '?'} ({start.get('why') or '?'})", *startup.describe(start)]
 
 
+def why_lines(diagnosis: dict | None) -> list[str]:
+    """The "Why" section: `opsctl diagnose`'s text (opsctl/diagnose.py) for a DDTree release."""
+    if not diagnosis:
+        return []
+    from opsctl.diagnose import text_lines
+
+    return text_lines(diagnosis)
+
+
 def markdown(run: BenchRun, baseline: BenchRun | None = None, verdict: Verdict | None = None,
-             *, plot_name: str | None = None, start: dict | None = None) -> str:
+             *, plot_name: str | None = None, start: dict | None = None, diagnosis: dict | None = None) -> str:
     lines = [f"# Bench report: {_label(run, 'release')}", ""]
     if baseline is not None:
         lines += [f"Baseline: {_label(baseline, 'baseline')}", ""]
@@ -312,6 +321,9 @@ def markdown(run: BenchRun, baseline: BenchRun | None = None, verdict: Verdict |
         else:
             lines.append(f"Canary: {len(c.prompts)} prompts" + (", identical to the baseline" if c.compared
                                                                 else ", not compared with a baseline"))
+    why = why_lines(diagnosis)
+    if why:
+        lines += ["", "## Why", "", "```", *why, "```"]
     sl = start_lines(start)
     if sl:
         lines += ["", "## Start-up", "", sl[0], "", *[f"- {x.strip()}" for x in sl[1:]]]
@@ -321,7 +333,7 @@ def markdown(run: BenchRun, baseline: BenchRun | None = None, verdict: Verdict |
 
 
 def html(run: BenchRun, baseline: BenchRun | None = None, verdict: Verdict | None = None,
-         *, plot_name: str | None = None, start: dict | None = None) -> str:
+         *, plot_name: str | None = None, start: dict | None = None, diagnosis: dict | None = None) -> str:
     e = _html.escape
     title = f"Bench report: {_label(run, 'release')}"
     parts = ["<!doctype html>", "<html><head><meta charset='utf-8'>", f"<title>{e(title)}</title>",
@@ -348,6 +360,9 @@ def html(run: BenchRun, baseline: BenchRun | None = None, verdict: Verdict | Non
         parts.append("<h2>Per workload</h2><table><tr>" + "".join(f"<th>{e(h)}</th>" for h in WORKLOAD_HEAD) + "</tr>")
         parts += ["<tr>" + "".join(f"<td>{e(x)}</td>" for x in r) + "</tr>" for r in wrows]
         parts.append("</table>")
+    why = why_lines(diagnosis)
+    if why:
+        parts.append("<h2>Why</h2><pre>" + e("\n".join(why)) + "</pre>")
     sl = start_lines(start)
     if sl:
         parts.append(f"<h2>Start-up</h2><p>{e(sl[0])}</p><ul>" + "".join(f"<li>{e(x.strip())}</li>" for x in sl[1:])
@@ -359,7 +374,8 @@ def html(run: BenchRun, baseline: BenchRun | None = None, verdict: Verdict | Non
 
 
 def write_report(run: BenchRun, out_dir: str | Path, baseline: BenchRun | None = None,
-                 verdict: Verdict | None = None, *, name: str = "report", start: dict | None = None) -> dict[str, Path]:
+                 verdict: Verdict | None = None, *, name: str = "report", start: dict | None = None,
+                 diagnosis: dict | None = None) -> dict[str, Path]:
     """Write `<name>.png`, `<name>.md` and `<name>.html` into out_dir; `start`: the release's last
     start (a release's report: its phases under "Start-up")."""
     d = Path(out_dir)
@@ -367,7 +383,9 @@ def write_report(run: BenchRun, out_dir: str | Path, baseline: BenchRun | None =
     png = plot_png(run, d / f"{name}.png", baseline, verdict=verdict,
                    title=None if verdict is None else f"{_label(run, 'release')}: {verdict.status}")
     md = d / f"{name}.md"
-    md.write_text(markdown(run, baseline, verdict, plot_name=png.name, start=start), encoding="utf-8")
+    md.write_text(markdown(run, baseline, verdict, plot_name=png.name, start=start, diagnosis=diagnosis),
+                  encoding="utf-8")
     ht = d / f"{name}.html"
-    ht.write_text(html(run, baseline, verdict, plot_name=png.name, start=start), encoding="utf-8")
+    ht.write_text(html(run, baseline, verdict, plot_name=png.name, start=start, diagnosis=diagnosis),
+                  encoding="utf-8")
     return {"png": png, "markdown": md, "html": ht}

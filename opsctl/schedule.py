@@ -269,3 +269,26 @@ def trial_plan(candidates, capture_bs: list[int]) -> TrialPlan:
     drafts = tuple(u for u in (TrialUnit(b, *routed(lambda band, b=b: band.budget == b))
                                for b in trial_draft_budgets(candidates)) if u.bs)
     return TrialPlan(names, widths, drafts)
+
+
+def schedule_from_best(best: dict[int, int], capture_bs: list[int] | None = None) -> str:
+    """Bands of running batch size and their budget, `1:16,3:4,16:0` (the runtime's budget
+    schedule) from the best budget per level. A load of C concurrent requests decodes in running
+    batches a little under C (requests finish and are admitted between steps), so a level's band
+    starts at the geometric middle between it and the level below, not at C itself; the first
+    starts at 1. A start is moved up to a captured CUDA-graph batch size when those are given
+    (a band must hold one). Neighbouring bands with the same budget merge."""
+    import math
+
+    bands: list[tuple[int, int]] = []
+    levels = sorted(best)
+    for i, c in enumerate(levels):
+        if bands and bands[-1][1] == best[c]:
+            continue
+        start = 1 if i == 0 else math.ceil(math.sqrt(levels[i - 1] * c) - 1e-9)
+        if capture_bs and i > 0:
+            start = pad_to_captured(start, capture_bs)
+        if bands and start <= bands[-1][0]:
+            continue  # two levels too close to split: the lower level's band keeps them
+        bands.append((start, best[c]))
+    return ",".join(f"{s}:{b}" for s, b in bands)

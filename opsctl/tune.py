@@ -65,6 +65,10 @@ class LevelResult:
     low: float | None            # confidence interval of the speedup
     high: float | None
     requests: int = 0
+    # opsctl diagnose's numbers for this trial at this level (a single-budget trial with a baseline)
+    accept: float | None = None
+    step_ratio: float | None = None   # = the accept length needed to break even
+    why: str | None = None            # a losing level's top cause and its share, e.g. "verify_compute 99 %"
 
 
 @dataclass
@@ -217,28 +221,10 @@ def _worth_a_trial(schedule: str) -> bool:
 
 
 def schedule_text(best: dict[int, int], capture_bs: list[int] | None = None) -> str:
-    """Bands of running batch size and their budget, `1:16,3:4,16:0` (the runtime's budget
-    schedule) from the best budget per level. A load of C concurrent requests decodes in running
-    batches a little under C (requests finish and are admitted between steps), so a level's band
-    starts at the geometric middle between it and the level below, not at C itself; the first
-    starts at 1. A start is moved up to a captured CUDA-graph batch size when those are given
-    (a band must hold one). Neighbouring bands with the same budget merge."""
-    import math
+    """The budget schedule the best budget per level makes (opsctl.schedule.schedule_from_best)."""
+    from opsctl.schedule import schedule_from_best
 
-    from opsctl.schedule import pad_to_captured
-
-    bands: list[tuple[int, int]] = []
-    levels = sorted(best)
-    for i, c in enumerate(levels):
-        if bands and bands[-1][1] == best[c]:
-            continue
-        start = 1 if i == 0 else math.ceil(math.sqrt(levels[i - 1] * c) - 1e-9)
-        if capture_bs and i > 0:
-            start = pad_to_captured(start, capture_bs)
-        if bands and start <= bands[-1][0]:
-            continue  # two levels too close to split: the lower level's band keeps them
-        bands.append((start, best[c]))
-    return ",".join(f"{s}:{b}" for s, b in bands)
+    return schedule_from_best(best, capture_bs)
 
 
 def recommend(trials: list[TrialResult], levels: list[int], baseline_tok_s: dict[int, float],
@@ -267,9 +253,11 @@ def recommend(trials: list[TrialResult], levels: list[int], baseline_tok_s: dict
                   + (f" ({losses})" if losses else ""))
 
 
-def _level_results(run, baseline, levels: list[int], confidence: float) -> dict[int, LevelResult]:
+def _level_results(run, baseline, levels: list[int], confidence: float, *, budget: int | None = None,
+                   reference: dict[int, float] | None = None) -> dict[int, LevelResult]:
     from opsctl.gate import interval as cf
 
+    diag = _diagnosis_rows(run, baseline, budget, reference)
     out = {}
     for c in levels:
         lv = run.at(c)
@@ -279,7 +267,27 @@ def _level_results(run, baseline, levels: list[int], confidence: float) -> dict[
                                  confidence=confidence)
         out[c] = LevelResult(c, sum(x.output_throughput for x in lv) / len(lv), iv.ratio if iv else None,
                              iv.low if iv else None, iv.high if iv else None,
-                             len(cf.samples_of(lv)))
+                             len(cf.samples_of(lv)), **diag.get(c, {}))
+    return out
+
+
+def _diagnosis_rows(run, baseline, budget: int | None, reference: dict[int, float] | None) -> dict[int, dict]:
+    """Per level: accept, step ratio and a losing level's top cause (opsctl/diagnose.py)."""
+    if not budget:
+        return {}
+    from opsctl import diagnose as dx
+
+    try:
+        d = dx.from_runs(run, baseline, budget=budget, reference=reference)
+    except (OpsctlError, ValueError, ZeroDivisionError):
+        return {}
+    out = {}
+    for r in d["levels"]:
+        if "step_ratio" not in r:
+            continue
+        top = r["causes"][0] if r["causes"] else None
+        out[r["concurrency"]] = {"accept": r["accept"], "step_ratio": r["step_ratio"],
+                                 "why": f"{top['kind']} {top['share'] * 100:.0f} %" if top else None}
     return out
 
 
@@ -1071,7 +1079,9 @@ class SshTuneHost:
                       spec=self.host.analysis(live.plan.profile, policy),
                       meta={"release": live.plan.release, "profile": live.plan.profile.label, "trial": True,
                             "candidate": label})
-        res = _level_results(run, self.baseline, levels, policy.confidence)
+        res = _level_results(run, self.baseline, levels, policy.confidence,
+                             budget=int(label) if str(label).isdigit() else None,
+                             reference=self.host.drafter.reference_accept)
         live.steps.done("bench", t0, ", ".join(f"C={c}: {r.tok_s:.1f} tok/s" for c, r in res.items()))
         return res
 

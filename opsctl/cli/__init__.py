@@ -38,7 +38,7 @@ app = typer.Typer(
 )
 
 # command groups, each module exposes register(app)
-_COMMAND_MODULES = ["render", "deploy", "validate", "bench", "tune", "check", "lab", "watch", "wheelhouse"]
+_COMMAND_MODULES = ["render", "deploy", "validate", "diagnose", "bench", "tune", "check", "lab", "watch", "wheelhouse"]
 
 
 def _version(value: bool) -> None:

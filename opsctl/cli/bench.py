@@ -176,6 +176,27 @@ def _bench_url(url: str, *, concurrency: Optional[list[int]], input_len: Optiona
                                   "workload_mix": mix_key(mix) if mix else "random token ids"})
 
 
+def _report_diagnosis(run, base, run_file: str, inventory, limit) -> dict | None:
+    """The report's "Why" (opsctl diagnose) for a DDTree run with a baseline; None otherwise, or
+    when the files cannot say (the report is still written)."""
+    from opsctl import diagnose as dx
+
+    if base is None or (str(run.meta.get("kind") or run.meta.get("profile_kind") or "") != "ddtree"
+                        and dx.budget_from_meta(run.meta) is None):
+        return None
+    try:
+        if Path(run_file).is_file():
+            from opsctl.cli.diagnose import _inventory_reference
+
+            return dx.from_runs(run, base, reference=_inventory_reference(inventory), source={"candidate": run_file})
+        from opsctl.flow.diagnose import release_diagnosis
+
+        return release_diagnosis(_common.inventory(inventory), run_file, limit=limit)
+    except ConfigError as e:
+        _output.info(f"no \"Why\" section: {e.one_line()}")
+        return None
+
+
 def register(app: typer.Typer) -> None:
     bench_app = typer.Typer(help=(
         "Benchmark the live release (per concurrency level), compare and import results.\n\n"
@@ -393,10 +414,12 @@ def register(app: typer.Typer) -> None:
                                 canary_ran=compared if run.canary is not None else False)
             except ConfigError as e:
                 _output.info(f"no verdict: {e.one_line()}")
-        paths = write_report(run, out, base, verdict, name=name, start=start)
+        diagnosis = _report_diagnosis(run, base, run_file, inventory, limit)
+        paths = write_report(run, out, base, verdict, name=name, start=start, diagnosis=diagnosis)
         if json_out:
             _output.emit_json({"ok": True, **{k: str(v) for k, v in paths.items()},
-                               "verdict": verdict.record() if verdict else None, "startup": start})
+                               "verdict": verdict.record() if verdict else None, "startup": start,
+                               "diagnosis": diagnosis})
             return
         if verdict is not None:
             _output.info(verdict.table())

@@ -73,8 +73,12 @@ def _cell(lv) -> str:
         return "-"
     if lv.speedup is None:
         return f"{lv.tok_s:.1f}"
-    return (f"{lv.tok_s:.1f} ({(lv.speedup - 1) * 100:+.0f} % [{(lv.low - 1) * 100:+.0f}, "
+    cell = (f"{lv.tok_s:.1f} ({(lv.speedup - 1) * 100:+.0f} % [{(lv.low - 1) * 100:+.0f}, "
             f"{(lv.high - 1) * 100:+.0f}])")
+    if getattr(lv, "step_ratio", None) is not None and lv.accept is not None:
+        # opsctl diagnose's arithmetic: the accept length this level needs, and why a losing level lost
+        cell += f" accept {lv.accept:.2f} / needs {lv.step_ratio:.2f}" + (f" ({lv.why})" if lv.why else "")
+    return cell
 
 
 def register(app: typer.Typer) -> None:

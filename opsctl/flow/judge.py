@@ -54,19 +54,46 @@ def bench_and_judge(conn: Connection, host: HostConfig, profile: Profile, releas
         profile_kind=profile.kind, canary_mismatch=first.canary.mismatch if first.canary else None,
         canary_ran=bool(first.canary and first.canary.compared), first=first, spec=spec)
     store_release_bench(conn, host, release, run)
+    diagnosis = _diagnosis(conn, host, profile, release, run, baseline) if not verdict.ok else None
+    if diagnosis is not None:
+        from opsctl.diagnose import reason_line
+
+        verdict.reasons.append(reason_line(diagnosis).replace("RELEASE", release))
     cols, cells, lines = level_table(verdict.rows)
     steps.progress({"event": "verdict", "host": host.name, "status": verdict.status, "reasons": verdict.reasons,
                     "notes": verdict.notes, "rows": [_row(r) for r in verdict.rows],
                     "table": {"columns": cols, "rows": cells, "lines": lines}})
     rec = _verdict_record(conn, host, release, profile, verdict.status, verdict.reasons, verdict.notes,
                           rows=[r.model_dump(mode="json") for r in verdict.rows], canary=verdict.canary,
-                          attempts=verdict.attempts)
+                          attempts=verdict.attempts, **({"diagnosis": diagnosis} if diagnosis else {}))
     if verdict.ok:
 
         steps.done("judge", t1, f"{verdict.status.upper()}: {verdict_summary(verdict)}")
         return GateOutcome(True, "", rec)
     steps.done("judge", t1, verdict.one_line(), status="fail")
     return GateOutcome(False, verdict.one_line(), rec)
+
+
+def _diagnosis(conn: Connection, host: HostConfig, profile: Profile, release: str, run, baseline) -> dict | None:
+    """Why a DDTree release failed its gate (opsctl/diagnose.py), for the verdict's reasons and
+    record; None for other kinds, or when the bench cannot say (a diagnosis never fails a deploy)."""
+    if profile.kind != "ddtree" or not profile.budget:
+        return None
+    from opsctl import diagnose as dx
+    from opsctl.errors import OpsctlError
+    from opsctl.host import facts
+
+    try:
+        ledger, _ = facts.get(conn, facts.LedgerRecords(str(host.install_root)))
+    except OpsctlError:
+        ledger = []
+    try:
+        return dx.from_runs(run, baseline, budget=profile.budget, reference=host.drafter.reference_accept,
+                            history=dx.history_points(ledger, exclude=release),
+                            source={"host": host.name, "release": release, "profile": profile.label,
+                                    "baseline": host.baseline_profile})
+    except (OpsctlError, ValueError, ZeroDivisionError):
+        return None
 
 
 def _row(r) -> dict:

@@ -35,6 +35,9 @@ EMULATOR_FAULTS: dict[str, dict] = {
                     "symptom": "the scheduler dies ('CUDA error: an illegal memory access') after N finished requests"},
     "accept_collapse": {"params": {"accept_len": 1.58, "cpu_tree_ms_per_req": 1.0},
                         "symptom": "the site's broken DDTree: accept len ~1.5, budget 32 ~50 tok/s at C=1, ~87 at C=128"},
+    "host_overhead": {"params": {"ms_per_step": 40.0, "ms_per_req": 0.0},
+                      "symptom": "host work on every speculative step: the step line's verify preparation grows, "
+                                 "acceptance and the forwards do not (opsctl diagnose: overhead)"},
     "wrong_output": {"params": {"after_tokens": 3},
                      "symptom": "greedy output differs from the target's after N tokens"},
     "port_in_use": {"params": {},

@@ -51,7 +51,7 @@ import time
 # imports this module for `opsctl status` and `watch status` and never makes one
 import urllib.error
 
-from . import analysis, prometheus
+from . import analysis, diagnosis, prometheus
 
 EVENT_SCHEMA = "opsctl.watch.event/1"
 STATE_VERSION = 1
@@ -273,6 +273,19 @@ def event(kind: str, cfg: dict, **fields) -> dict:
 
 def reason_line(breaches: list) -> str:
     return "; ".join(f"{b['rule']}: {b['detail']}" for b in breaches)
+
+
+def why_line(samples: list) -> str | None:
+    """The trip notice's `why:` (opsctl diagnose's arithmetic, diagnosis.window_line): the window's
+    median accept length against the accept its step ratio to the baseline needs, from the
+    drafting decode samples that have a baseline figure at their running batch."""
+    dec = [s for s in samples if s.get("busy") and s.get("accept_len") and s.get("gen_tps") and s.get("expected_tps")
+           and s.get("running")]
+    if not dec:
+        return None
+    med = statistics.median
+    return diagnosis.window_line(med([s["accept_len"] for s in dec]), med([s["gen_tps"] for s in dec]),
+                                 med([s["running"] for s in dec]), med([s["expected_tps"] for s in dec]))
 
 
 # --------------------------------------------------------------------------- host I/O
@@ -613,6 +626,9 @@ class Watch:
         prof = (manifest or {}).get("profile") or {}
         numbers = [{k: v for k, v in b.items() if k != "status"} for b in breaches]
         reason = "watch: " + reason_line(breaches)
+        why = why_line(self.state.get("samples") or [])
+        if why:
+            reason += "; " + why
         base = baseline_release(manifests, ledger, cfg["baseline_profile"])
         common = {"host": cfg["host"], "who": f"opsctl-watch@{socket.gethostname()}", "profile": prof.get("name"),
                   "budget": prof.get("budget"), "automatic": True, "watch": {"breaches": numbers,

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 CORE = ["opsctl.config", "opsctl.flow", "opsctl.tune", "opsctl.watch", "opsctl.wheelhouse", "opsctl.triton",
         "opsctl.gate", "opsctl.render", "opsctl.journal", "opsctl.journal_findings", "opsctl.findings",
         "opsctl.host", "opsctl.releases", "opsctl.lab", "opsctl.checks", "opsctl.onhost", "opsctl.report",
-        "opsctl.buildwheel", "opsctl.artifacts", "opsctl.startup", "opsctl.drain", "opsctl.trialset",
+        "opsctl.buildwheel", "opsctl.artifacts", "opsctl.startup", "opsctl.drain", "opsctl.trialset", "opsctl.diagnose",
         "yaml", "jinja2", "packaging", "httpx", "fabric", "paramiko", "ansible_runner", "matplotlib"]
 # the core the deploy flow does not need on every deploy: a ddtree release's Triton cache, the
 # wheelhouse of a host without its base environment, the HTTP client of the host-side watch
@@ -84,6 +84,7 @@ def test_the_top_level_help_loads_no_core_no_pydantic_and_no_rich(args):
     ["history", "--help"],
     ["tune", "--help"],
     ["validate", "--help"],
+    ["diagnose", "--help"],
     ["bench", "--help"],
     ["lab", "--help"],
     ["watch", "status", "--help"],

@@ -476,3 +476,32 @@ def test_fault_scopes_pick_the_algorithm_and_the_draft_width():
     assert emu_faults.for_algorithm(active, "DDTREE", 8)["capture_failure"] == {"message": "x"}
     assert emu_faults.for_algorithm(active, "DDTREE", 17) == {}  # another budget starts
     assert list(emu_faults.for_algorithm(active, None)) == ["slow_start"]
+
+
+def test_ddtree_step_line_carries_the_models_parts_and_the_host_overhead_fault(tmp_path):
+    """The runtime's `DDTree step parts:` line, every SGLANG_DDTREE_STEP_PARTS_EVERY decode steps:
+    the target forward over bs x (budget + 1) tokens and the drafter as the performance model has
+    them, and the host_overhead fault in the verify preparation only."""
+    from opsctl.onhost.diagnosis import parse_step_parts
+
+    with Emu(tmp_path, DDTREE16, faults={"host_overhead": {"ms_per_step": 30}},
+             env={"SGLANG_DDTREE_STEP_PARTS_EVERY": "5"}) as emu:
+        emu.wait_ready()
+        emu.generate("one request", 60)
+        emu.wait_line("DDTree step parts:", timeout=10)
+    parts = [p for p in parse_step_parts(emu.lines) if p.bs == 1]
+    assert parts, emu.text()[-2000:]
+    want = perf.Model("tp", "DDTREE", 17, host_ms_per_step=30.0).step_parts(1)
+    p = parts[0]
+    assert p.budget == 16 and p.sampled >= 1 and p.of == 5
+    assert p.parts["target_ms"] == pytest.approx(9.68 + 0.52 * 17, abs=1e-3)
+    assert p.parts["prep_ms"] == pytest.approx(30.0, abs=1e-3)
+    assert p.parts == pytest.approx(want, abs=1e-3)
+    assert p.step_ms == pytest.approx(sum(want.values()), abs=1e-2)
+
+
+def test_no_step_line_without_ddtree_or_when_turned_off(tmp_path):
+    with Emu(tmp_path, DDTREE16, env={"SGLANG_DDTREE_STEP_PARTS_EVERY": "0"}) as emu:
+        emu.wait_ready()
+        emu.generate("one request", 40)
+    assert "DDTree step parts:" not in emu.text()

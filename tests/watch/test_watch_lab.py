@@ -185,6 +185,8 @@ def test_decayed_ddtree_is_switched_back_to_the_baseline_by_the_host_alone(wl, o
         assert b["samples"] >= MIN_SAMPLES and b["observed"] < b["threshold"] and b["detail"] in rec["reason"]
     if "accept_length" in breaches:
         assert breaches["accept_length"]["threshold"] == 2.0
+    # the trip notice says why in opsctl diagnose's terms: the window's accept against its break-even
+    assert "why: accept " in rec["reason"] and "break-even" in rec["reason"], rec["reason"]
     if "throughput" in breaches:
         # judged on the median of per-sample ratios (the medians of tok/s need not divide to it)
         assert breaches["throughput"]["threshold"] == 0.7

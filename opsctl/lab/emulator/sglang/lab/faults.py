@@ -16,6 +16,9 @@ slow_start           load_s=30, warmup_s=0                     weights load for 
 crash_after          requests=5, exit_code=1                   the scheduler dies after N finished requests
 accept_collapse      accept_len=1.58, cpu_tree_ms_per_req=1.0  the site's broken DDTree (budget 32: ~50 tok/s
                                                                at C=1, ~87 at C=128, accept len ~1.5)
+host_overhead        ms_per_step=40, ms_per_req=0              host work on every speculative step (a runtime that syncs
+                                                               with the host): the step line's verify preparation grows,
+                                                               acceptance and the forwards do not (issue #48)
 wrong_output         after_tokens=3                            greedy output differs from the target's
 port_in_use          (none)                                    the HTTP port cannot be bound (uvicorn's error)
 random_loop          text_factor=0.08, ids_factor=1.6          a drafter that only "accepts" on degenerate input:
@@ -56,6 +59,7 @@ DEFAULTS: dict[str, dict] = {
     "slow_start": {"load_s": 30.0, "warmup_s": 0.0},
     "crash_after": {"requests": 5, "exit_code": 1},
     "accept_collapse": {"accept_len": 1.58, "cpu_tree_ms_per_req": 1.0},
+    "host_overhead": {"ms_per_step": 40.0, "ms_per_req": 0.0},
     "wrong_output": {"after_tokens": 3},
     "port_in_use": {},
     "random_loop": {"text_factor": 0.08, "ids_factor": 1.6},

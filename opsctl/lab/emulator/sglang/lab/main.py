@@ -187,9 +187,12 @@ def main(argv: list[str] | None = None) -> None:
     if wvt and algo:
         captured_width = int(wvt["num_tokens_per_req"])
     collapse = active.get("accept_collapse")
+    host = active.get("host_overhead") if algo else None
     model = perf.Model(parallel="ep" if ep > 1 else "tp", algorithm=algo, width=int(width), block_size=block_size,
                        accept_override=float(collapse["accept_len"]) if collapse and algo else None,
-                       cpu_tree_ms_per_req=float(collapse["cpu_tree_ms_per_req"]) if collapse and algo else 0.0)
+                       cpu_tree_ms_per_req=float(collapse["cpu_tree_ms_per_req"]) if collapse and algo else 0.0,
+                       host_ms_per_step=float(host["ms_per_step"]) if host else 0.0,
+                       host_ms_per_req=float(host["ms_per_req"]) if host else 0.0)
 
     mfs = args.mem_fraction_static or 0.88
     graphs_off = args.disable_decode_cuda_graph or args.disable_cuda_graph or args.cuda_graph_backend_decode == "disabled"

@@ -21,6 +21,8 @@ Constants, seeded from context.md:
     drafter: 2.0 ms + 0.05 ms/request per step
     accept-collapse fault (the site's broken DDTree): accept_len 1.58 and a
         serial CPU tree build of 1.0 ms/request/step
+    host-overhead fault: host work per speculative step (verify preparation), ms per step
+        + ms per request (a runtime that syncs with the host, issue #48's overhead case)
         -> DDTree budget 32 TP8: ~53 tok/s at C=1, ~86 at C=128.
 Accept length:
     DDTREE (healthy): 1 + 5.697 * (1 - exp(-budget / 8.397)), capped at the
@@ -89,6 +91,8 @@ class Model:
     block_size: int = 8             # drafter block size (caps DDTree depth)
     accept_override: float | None = None   # accept-collapse fault
     cpu_tree_ms_per_req: float = 0.0       # accept-collapse fault
+    host_ms_per_step: float = 0.0          # host-overhead fault
+    host_ms_per_req: float = 0.0
 
     @property
     def speculative(self) -> bool:
@@ -115,15 +119,21 @@ class Model:
     def throughput_for(self, concurrency: int, domain: str) -> float:
         return concurrency * self.accept_len_for(domain) / (self.step_ms(concurrency) / 1000.0)
 
+    def step_parts(self, batch: int, width: int | None = None, drafting: bool | None = None) -> dict[str, float]:
+        """One decode step's parts, in the runtime's step line's names (ms): the target's forward
+        over batch x width tokens, the drafter's forward, the tree build and the host's work."""
+        p = PARALLEL[self.parallel]
+        drafts = self.speculative if drafting is None else drafting
+        return {"drafter_ms": (DRAFT_FIXED_MS + DRAFT_PER_REQ_MS * batch) if drafts else 0.0,
+                "tree_ms": self.cpu_tree_ms_per_req * batch if drafts else 0.0,
+                "prep_ms": (self.host_ms_per_step + self.host_ms_per_req * batch) if drafts else 0.0,
+                "target_ms": p["fixed_ms"] + p["per_token_ms"] * batch * (self.width if width is None else width),
+                "commit_ms": 0.0}
+
     def step_ms(self, batch: int, width: int | None = None, drafting: bool | None = None) -> float:
         """One decode step; `width`/`drafting` override the server's for a DDTree budget
         schedule's band (budget 0: width 1 and no drafter forward)."""
-        p = PARALLEL[self.parallel]
-        t = p["fixed_ms"] + p["per_token_ms"] * batch * (self.width if width is None else width)
-        if self.speculative if drafting is None else drafting:
-            t += DRAFT_FIXED_MS + DRAFT_PER_REQ_MS * batch
-        t += self.cpu_tree_ms_per_req * batch
-        return t
+        return sum(self.step_parts(batch, width, drafting).values())
 
     def prefill_ms(self, tokens: int) -> float:
         return PARALLEL[self.parallel]["fixed_ms"] + PREFILL_PER_TOKEN_MS * tokens

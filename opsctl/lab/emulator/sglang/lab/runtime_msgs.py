@@ -16,3 +16,12 @@ CAPTURE_FAILED_HINTS = (
 # (TRITON_CACHE_DIR with opsctl-triton-manifest.json) is not compiled and prints nothing.
 DDTREE_COMPILE = ("DDTREE Triton compile: budget={budget}, block={block}, vocab_shard={vocab_shard}, "
                   "arch={arch}, elapsed={elapsed:.2f} s, cache={cache}")
+
+# The DDTree runtime's step line (runtime/src/sglang_ddtree/stepparts.py), on TP0 every
+# SGLANG_DDTREE_STEP_PARTS_EVERY decode steps (default 200; 0: off), one per (bs, budget) the window
+# sampled: medians of the step's parts in ms. opsctl.onhost.diagnosis parses it.
+DDTREE_STEP_PARTS = ("DDTree step parts: bs={bs} budget={budget} sampled={sampled} of={of} drafter_ms={drafter_ms:.3f} "
+                     "tree_ms={tree_ms:.3f} prep_ms={prep_ms:.3f} target_ms={target_ms:.3f} commit_ms={commit_ms:.3f} "
+                     "step_ms={step_ms:.3f}")
+STEP_PARTS_EVERY_ENV = "SGLANG_DDTREE_STEP_PARTS_EVERY"
+STEP_PARTS_EVERY_DEFAULT = 200

@@ -26,7 +26,7 @@ import uuid
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from sglang.lab import gpu, perf, startup as startup_mod, textgen
+from sglang.lab import gpu, perf, runtime_msgs, startup as startup_mod, textgen
 from sglang.lab.faults import crash_loop_delay
 from sglang.lab.log import fatal_traceback, log
 
@@ -100,6 +100,15 @@ class Emulator:
         self.context_len = context_len
         self.model_name = args.served_model_name or args.model_path
         self.interval = max(int(args.decode_log_interval or 40), 1)
+        # the DDTree runtime's step line (runtime_msgs.DDTREE_STEP_PARTS): every step is "sampled" here,
+        # its parts are the performance model's
+        try:
+            self.step_parts_every = int(os.environ.get(runtime_msgs.STEP_PARTS_EVERY_ENV,
+                                                       runtime_msgs.STEP_PARTS_EVERY_DEFAULT))
+        except ValueError:
+            self.step_parts_every = runtime_msgs.STEP_PARTS_EVERY_DEFAULT
+        self.step_parts_window: dict[tuple[int, int], list[dict[str, float]]] = {}
+        self.step_parts_steps = 0
         self.ready = False
         self.startup = startup          # startup.Plan: the modelled phases (warm-up is this module's)
         self.t_process = t_process if t_process is not None else time.monotonic()
@@ -475,8 +484,13 @@ class Emulator:
                 r.accepted += tokens
                 self._emit(r, min(tokens, r.max_new - len(r.out)), now)
             self.decode_ct += 1
+            step_line = self.algo == "DDTREE" and self.step_parts_every > 0
+            if step_line:
+                self._step_parts(batch, step_width, self.step_budget > 0 if banded else None)
             if self.decode_ct % self.interval == 0:
                 self._log_decode(batch)
+            if step_line and self.step_parts_steps >= self.step_parts_every:
+                self._log_step_parts()
             self._reap()
 
     def _drafts_per_round(self, r: Req, now: float | None = None) -> float:
@@ -509,6 +523,21 @@ class Emulator:
         if skew and r.domain in skew:
             factor = float(skew[r.domain])
         return max(0.0, min(base * factor, cap))
+
+    def _step_parts(self, batch: int, width: int, drafting: bool | None) -> None:
+        parts = self.model.step_parts(batch, width=width, drafting=drafting)
+        self.step_parts_window.setdefault((batch, width - 1), []).append(parts)
+        self.step_parts_steps += 1
+
+    def _log_step_parts(self) -> None:
+        """One line per (bs, budget) of the window, as the runtime's TP0 prints it."""
+        of = self.step_parts_steps
+        for (bs, budget), steps in sorted(self.step_parts_window.items()):
+            med = {k: sorted(p[k] for p in steps)[len(steps) // 2] for k in steps[0]}
+            log(runtime_msgs.DDTREE_STEP_PARTS.format(bs=bs, budget=budget, sampled=len(steps), of=of,
+                                                      step_ms=sum(med.values()), **med), self.rank)
+        self.step_parts_window = {}
+        self.step_parts_steps = 0
 
     def _log_decode(self, batch: int) -> None:
         now = time.monotonic()
