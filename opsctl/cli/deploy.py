@@ -141,6 +141,16 @@ def _watch_cell(w: dict) -> str:
     return state
 
 
+def _why_cell(rec: dict) -> str:
+    """history's why: a failed DDTree verdict's causes first (opsctl diagnose's shares), then the reason."""
+    reason = rec.get("reason") or ""
+    d = rec.get("diagnosis")
+    if isinstance(d, dict) and d.get("causes"):
+        causes = ", ".join(f"{c.get('kind')} {float(c.get('share') or 0) * 100:.0f} %" for c in d["causes"])
+        reason = f"lost to {causes}; {reason}"
+    return reason[:80]
+
+
 def register(app: typer.Typer) -> None:
     @app.command("deploy")
     def deploy_cmd(
@@ -382,7 +392,7 @@ def register(app: typer.Typer) -> None:
                                                     *(["rollout"] if fleet else [])],
                           [[r.get("ts"), r.get("action"), r.get("result") or r.get("status"),
                             r.get("from_release") or "-", r.get("to_release") or r.get("release") or "-",
-                            _start_cell(r), r.get("who"), (r.get("reason") or "")[:80],
+                            _start_cell(r), r.get("who"), _why_cell(r),
                             *([r.get("rollout") or "-"] if fleet else [])]
                            for r in host_recs])
             sw = next((r for r in reversed(host_recs) if r.get("action") == "switch"), None)

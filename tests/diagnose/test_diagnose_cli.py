@@ -117,3 +117,13 @@ def test_tunes_table_cells_carry_the_accept_a_level_needs_and_why_it_lost():
     cell = _cell(c1)
     assert f"accept {c1.accept:.2f} / needs {c1.step_ratio:.2f} (acceptance" in cell
     assert _level_results(run, base, [1], 0.9)[1].why is None   # a schedule trial: no budget, no diagnosis
+
+
+def test_history_puts_a_failed_verdicts_causes_first():
+    from opsctl.cli.deploy import _why_cell
+
+    rec = {"action": "verdict", "reason": "C=1: speedup -46.0 % ...; why: C=1: accept 1.55 ...",
+           "diagnosis": {"causes": [{"kind": "verify_compute", "share": 0.58}, {"kind": "acceptance", "share": 0.39}]}}
+    assert _why_cell(rec).startswith("lost to verify_compute 58 %, acceptance 39 %; C=1: speedup")
+    assert len(_why_cell(rec)) <= 80
+    assert _why_cell({"reason": "manual rollback"}) == "manual rollback"
