@@ -69,6 +69,7 @@ class LevelResult:
     accept: float | None = None
     step_ratio: float | None = None   # = the accept length needed to break even
     why: str | None = None            # a losing level's top cause and its share, e.g. "verify_compute 99 %"
+    decode_tok_s: float | None = None  # decode throughput (C x accept / step), what diagnose predicts
 
 
 @dataclass
@@ -271,6 +272,12 @@ def _level_results(run, baseline, levels: list[int], confidence: float, *, budge
     return out
 
 
+def _label_budget(label: str) -> int | None:
+    """A single-budget trial's budget from its label (`budget 16`, or the candidate name `16`)."""
+    text = str(label).removeprefix("budget ").strip()
+    return int(text) if text.isdigit() else None
+
+
 def _diagnosis_rows(run, baseline, budget: int | None, reference: dict[int, float] | None) -> dict[int, dict]:
     """Per level: accept, step ratio and a losing level's top cause (opsctl/diagnose.py)."""
     if not budget:
@@ -287,7 +294,8 @@ def _diagnosis_rows(run, baseline, budget: int | None, reference: dict[int, floa
             continue
         top = r["causes"][0] if r["causes"] else None
         out[r["concurrency"]] = {"accept": r["accept"], "step_ratio": r["step_ratio"],
-                                 "why": f"{top['kind']} {top['share'] * 100:.0f} %" if top else None}
+                                 "why": f"{top['kind']} {top['share'] * 100:.0f} %" if top else None,
+                                 "decode_tok_s": r["decode_tok_s"]}
     return out
 
 
@@ -1080,7 +1088,7 @@ class SshTuneHost:
                       meta={"release": live.plan.release, "profile": live.plan.profile.label, "trial": True,
                             "candidate": label})
         res = _level_results(run, self.baseline, levels, policy.confidence,
-                             budget=int(label) if str(label).isdigit() else None,
+                             budget=_label_budget(label),
                              reference=self.host.drafter.reference_accept)
         live.steps.done("bench", t0, ", ".join(f"C={c}: {r.tok_s:.1f} tok/s" for c, r in res.items()))
         return res
@@ -1276,3 +1284,24 @@ def write_tune_report(result: TuneResult, out_dir: Path) -> dict[str, str]:
     js = out_dir / "tune.json"
     js.write_text(json.dumps(result.as_dict(), indent=1, default=str) + "\n")
     return {"png": str(png), "json": str(js)}
+
+
+def prediction_check(recorded: dict | None, trials: list[TrialResult]) -> list[dict]:
+    """What `opsctl diagnose` predicted on record (opsctl.flow.diagnose.recorded_predictions) against
+    what the trials measured: per single-budget trial and level, both decode tok/s and the error."""
+    if not recorded:
+        return []
+    pred = {(p["budget"], p["concurrency"]): p for p in recorded.get("predictions") or []}
+    out = []
+    for t in trials:
+        if t.status != "measured" or t.schedule:
+            continue
+        for c, lv in sorted(t.levels.items()):
+            p = pred.get((t.budget, c))
+            if p is None or lv.decode_tok_s is None:
+                continue
+            out.append({"budget": t.budget, "concurrency": c, "predicted_tok_s": p["tok_s"],
+                        "measured_tok_s": round(lv.decode_tok_s, 1),
+                        "error_pct": round((p["tok_s"] / lv.decode_tok_s - 1) * 100, 1),
+                        "accept_source": p.get("accept_source")})
+    return out

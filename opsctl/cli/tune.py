@@ -140,11 +140,21 @@ def register(app: typer.Typer) -> None:
             if not typer.confirm(f"deploy {what} (budgets {budgets}), {cost.restarts} restart(s), "
                                  f"then {plan.after.replace('-', ' ')}?", default=False):
                 raise ConfigError("tune not confirmed", "re-run with --yes")
+        from opsctl.flow.diagnose import recorded_predictions
+
+        recorded = recorded_predictions(inv, limit=limit)   # diagnose's predictions, checked by this tune
         res = core.tune(inv, plan, progress=_StepPrinter(json_out), report_dir=out)
+        check = core.prediction_check(recorded, res.trials)
         if json_out:
-            _output.emit_json({"ok": True, **res.as_dict()})
+            _output.emit_json({"ok": True, **res.as_dict(),
+                               "prediction_check": {"release": (recorded or {}).get("release"), "levels": check}})
             return
         _print_result(res, plan)
+        if check:
+            _output.info(f"opsctl diagnose's predictions ({recorded['release']}, {recorded['ts']}) against this "
+                         "tune's decode tok/s: " + "; ".join(
+                             f"budget {x['budget']} C={x['concurrency']}: predicted {x['predicted_tok_s']:.0f}, "
+                             f"measured {x['measured_tok_s']:.0f} ({x['error_pct']:+.0f} %)" for x in check))
 
 
 def _print_result(res, plan) -> None:

@@ -54,8 +54,10 @@ def bench_and_judge(conn: Connection, host: HostConfig, profile: Profile, releas
         profile_kind=profile.kind, canary_mismatch=first.canary.mismatch if first.canary else None,
         canary_ran=bool(first.canary and first.canary.compared), first=first, spec=spec)
     store_release_bench(conn, host, release, run)
-    diagnosis = _diagnosis(conn, host, profile, release, run, baseline) if not verdict.ok else None
-    if diagnosis is not None:
+    # every DDTree verdict keeps its diagnosis (its predictions are what `opsctl tune` checks later);
+    # a failed one says why in its reasons
+    diagnosis = _diagnosis(conn, host, profile, release, run, baseline)
+    if diagnosis is not None and not verdict.ok:
         from opsctl.diagnose import reason_line
 
         verdict.reasons.append(reason_line(diagnosis).replace("RELEASE", release))

@@ -190,3 +190,18 @@ def test_the_watch_line():
     line = dg.window_line(1.58, 50.0, 1, 98.0)
     assert "break-even of 3.10" in line or "break-even of 3.09" in line
     assert dg.window_line(None, 50.0, 1, 98.0) is None
+
+
+def test_tune_checks_the_recorded_predictions_against_its_trials():
+    from opsctl.tune import LevelResult, TrialResult, prediction_check
+
+    recorded = {"release": "ddtree-b32-x", "ts": "t", "predictions": [
+        {"budget": 8, "concurrency": 1, "tok_s": 250.0, "accept_source": "profile reference"},
+        {"budget": 16, "concurrency": 1, "tok_s": 240.0}]}
+    lv = LevelResult(1, 230.0, 2.3, 2.1, 2.5, 8, decode_tok_s=262.0)
+    trials = [TrialResult(8, "r8", "measured", {1: lv}), TrialResult(16, "r16", "failed: x", {1: lv}),
+              TrialResult(16, "rs", "measured", {1: lv}, schedule="1:16,6:0")]
+    check = prediction_check(recorded, trials)
+    assert check == [{"budget": 8, "concurrency": 1, "predicted_tok_s": 250.0, "measured_tok_s": 262.0,
+                      "error_pct": -4.6, "accept_source": "profile reference"}]
+    assert prediction_check(None, trials) == []

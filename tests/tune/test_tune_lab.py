@@ -55,6 +55,11 @@ def test_tune_finds_the_budget_per_level_measures_its_schedule_and_restores_the_
     assert res["best"] == {"1": 16, "32": 0}  # the model: budget 16 wins alone, nothing beats AR at 32
     assert res["schedule"] == "1:16,6:0"  # band starts between the levels: a load of 32 decodes in batches < 32
     single4, single16, sched = res["trials"]
+    # the table's diagnose cells: the accept each level needs, and why C=32 loses (32 x 17 tokens a verify)
+    s16 = single16["levels"]
+    assert s16["1"]["accept"] > s16["1"]["step_ratio"] and s16["1"]["why"] is None
+    assert s16["32"]["accept"] < s16["32"]["step_ratio"] and s16["32"]["why"].startswith("verify_compute"), s16
+    assert res["prediction_check"] == {"release": None, "levels": []}   # no DDTree verdict on record yet
     assert sched["schedule"] == "1:16,6:0" and sched["release"].startswith("ddtree-s1b16-6b0-")
     lv = {c: sched["levels"][c] for c in ("1", "32")}
     # the schedule speculates where that wins and steps aside where it loses: budget 16's tree at C=1,
