@@ -46,7 +46,6 @@ from typing import Any, Callable, Protocol
 from opsctl.brake import BRAKE, Interrupted
 from opsctl.errors import ConfigError, DeployFailed, OpsctlError
 
-MAX_BUDGET = 256
 ONE_RESTART = "one-restart"
 RESTART_PER_TRIAL = "restart-per-trial"
 # a trial set lists every plausible schedule (the runtime refuses a control file naming one it did
@@ -178,8 +177,9 @@ def parse_budgets(text: str) -> list[int]:
         budgets = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:
         raise ConfigError(f"--budgets {text!r}: not a list of integers", "e.g. --budgets 4,8,16,32") from None
-    if not budgets or budgets[0] < 1 or budgets[-1] > MAX_BUDGET:
-        raise ConfigError(f"--budgets {text!r}: budgets must be 1..{MAX_BUDGET}", "e.g. --budgets 4,8,16,32")
+    if not budgets:
+        raise ConfigError(f"--budgets {text!r}: no budgets", "e.g. --budgets 4,8,16,32")
+    # the range is the profile's, checked by plan_tune with the line --budget N gets (issue #49)
     return budgets
 
 
@@ -465,7 +465,16 @@ def plan_tune(inventory, budgets: list[int], *, concurrency: list[int] | None = 
         raise ConfigError("no budgets to tune", "e.g. --budgets 4,8,16,32")
     inv = as_inventory(inventory)
     host = inv.single(limit)
-    profiles = {b: host.profile(profile_name, b) for b in budgets}  # bad budgets before any host I/O
+    profiles = {}
+    for b in budgets:  # bad budgets before any host I/O, refused with --budget N's own line
+        try:
+            profiles[b] = host.profile(profile_name, b)
+        except ConfigError as exc:
+            flag = f"--budget {b}:"
+            if not exc.problem.startswith(flag):
+                raise
+            raise ConfigError(f"--budgets {','.join(map(str, budgets))}:" + exc.problem[len(flag):],
+                              exc.fix) from None
     first = profiles[budgets[0]]
     # the graphs' batch sizes do not depend on the budget: where the schedule's bands may start
     capture_bs = first.captured_batch_sizes
