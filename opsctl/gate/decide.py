@@ -248,7 +248,8 @@ def level_table(rows: list[LevelRow]) -> tuple[list[str], list[list[str]], list[
         elif r.judged_on == "aggregate" and r.delta_pct is not None:
             judged = (f"judged on aggregate tok/s {_f(r.baseline_tok_s, '%.1f')} -> "
                       f"{_f(r.candidate_tok_s, '%.1f')}: ")
-        lines.append(f"C={r.concurrency}: {judged}{r.why or r.status}")
+        lines.append(f"C={r.concurrency}: {judged}{r.why or r.status}"
+                     + (f"; {d}" if (d := sign_disagreement(r)) else ""))
     return list(LEVEL_TABLE_COLUMNS), cells, lines
 
 
@@ -328,8 +329,10 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
                 s = thr.grade_speedup(delta)
                 if s != "pass":
                     reasons.append(f"C={c}: output {k.output_throughput:.1f} tok/s vs baseline "
-                                   f"{b.output_throughput:.1f} ({delta * 100:+.1f}%), needs at least "
-                                   f"{thr.min_speedup * 100:+.1f}%" + (" (marginal)" if s == "marginal" else ""))
+                                   f"{b.output_throughput:.1f} ({delta * 100:+.1f}%), "
+                                   + (f"needs at least {thr.min_speedup * 100:+.1f}%" if thr.min_speedup >= 0
+                                      else f"below the {thr.min_speedup * 100:+.1f}% limit")
+                                   + (" (marginal)" if s == "marginal" else ""))
                 st = _worst(st, s)
             s = thr.grade_regression(delta)
             if s != "pass" and not (thr.speedup_level(c) and st != "pass"):
@@ -357,9 +360,8 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
             delta = interval.ratio - 1.0
             reasons[:] = [r for r in reasons if not _throughput_reason(r, c)]
             if decision == "fail":
-                need = (f"needs at least {thr.min_speedup * 100:+.0f} %" if thr.speedup_level(c)
-                        else f"limit -{thr.max_regression * 100:.0f} %")
-                reasons.append(f"C={c}: speedup {interval.pct()}: the whole interval is below {need}")
+                reasons.append(f"C={c}: speedup {interval.pct()}: the whole interval is below "
+                               f"{_need(thr, c)[1]}")
             elif decision == "inconclusive":
                 few = min(interval.n_candidate, interval.n_baseline) < spec.interval.min_requests
                 reasons.append(f"C={c}: speedup {interval.pct()}: " + (
@@ -508,11 +510,33 @@ def _why(status: str, delta: float | None, c: int, spec: AnalysisSpec, accept: f
         status == "pass" else ""
     if status != "pass":
         return f"{status} ({pct})"
-    if spec.throughput.speedup_level(c):
-        return f"pass ({pct}, at least {spec.throughput.min_speedup * 100:+.0f} % needed here{acc})"
-    if delta < 0:
-        return f"pass ({pct}, within the -{spec.throughput.max_regression * 100:.0f} % limit{acc})"
+    thr = spec.throughput
+    gain = thr.speedup_level(c) and thr.min_speedup >= 0
+    if gain or delta < 0:
+        return f"pass ({pct}, {_need(thr, c)[0]}{acc})"
     return f"pass ({pct}, faster than the baseline{acc})"
+
+
+def _need(thr, c: int) -> tuple[str, str]:
+    """What level C must show, in words that read right with its sign (issue #49): a gain "at
+    least +5 % needed here" / "the +5 % this level needs"; a loss allowed "within the -15 % limit" /
+    "the -15 % limit" (never "at least -15 % needed")."""
+    need = thr.needed_delta(c) * 100
+    if thr.speedup_level(c) and need >= 0:
+        return f"at least {need:+.0f} % needed here", f"the {need:+.0f} % this level needs"
+    return f"within the {need:+.0f} % limit", f"the {need:+.0f} % limit"
+
+
+def sign_disagreement(row: "LevelRow") -> str | None:
+    """Where a level's aggregate delta and its judged per-request delta have opposite signs, the
+    words that say so and why they can (issue #49: "agg Δ -1.5% judged Δ +62.3%" with nothing
+    saying why); None where they agree or one is missing."""
+    agg, judged = row.aggregate_delta_pct, row.delta_pct
+    if row.judged_on != "per-request" or agg is None or judged is None or agg * judged >= 0:
+        return None
+    return (f"the aggregate ({agg:+.1f} %) and the per-request ratio ({judged:+.1f} %) disagree in sign: the "
+            "aggregate is all output over the run's wall time (queueing, the slowest request and the mix weigh "
+            "in), the per-request ratio each request's own tok/s; the gate judges the per-request ratio")
 
 
 def verdict_summary(verdict: "Verdict") -> str:
