@@ -407,8 +407,8 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
     if low_accept:
         worst = min(a for _, a in low_accept)
         reasons.append(f"accept length {worst:.2f} below the {profile_kind} floor {floor:.2f} ("
-                       + ", ".join(f"C={c}: {a:.2f}" for c, a in low_accept)
-                       + "); a drop like this points at a tree-mask, position or graph-padding bug")
+                       + ", ".join(f"C={c}: {a:.2f}" for c, a in low_accept) + ")"
+                       + accept_cause(workload_accept(candidate, [c for c, _ in low_accept]), floor))
     if no_accept:
         reasons.append(f"no accept length reported for a {profile_kind} release at C="
                        + ",".join(map(str, no_accept)) + f" (floor {floor:.2f}); start SGLang with --enable-metrics")
@@ -489,6 +489,42 @@ def _confidence_level(c: int, candidate: BenchRun, baseline: BenchRun, policy: G
 
 def _throughput_reason(reason: str, c: int) -> bool:
     return reason.startswith(f"C={c}: output ") or reason.startswith(f"C={c}: repeats spread")
+
+
+def workload_accept(run: BenchRun, levels: list[int]) -> dict[str, float]:
+    """Accept length per workload over `levels`, from the requests' samples (output tokens over
+    verify rounds, `[workload, tokens, e2e, ttft, verify rounds, ok]`); workloads without verify
+    rounds (no speculative metadata) are left out."""
+    tokens: dict[str, float] = {}
+    rounds: dict[str, float] = {}
+    for lv in run.levels:
+        if lv.level not in levels:
+            continue
+        for smp in getattr(lv, "samples", None) or []:
+            if len(smp) < 5 or not smp[4] or (len(smp) > 5 and not smp[5]):
+                continue
+            tokens[smp[0]] = tokens.get(smp[0], 0.0) + float(smp[1])
+            rounds[smp[0]] = rounds.get(smp[0], 0.0) + float(smp[4])
+    return {w: tokens[w] / rounds[w] for w in sorted(tokens) if rounds[w] > 0}
+
+
+def accept_cause(per_workload: dict[str, float], floor: float | None) -> str:
+    """What a low accept length points at, named only where the evidence supports it (issue #49):
+    low on every workload of the mix is the signature of a bug in the tree (a larger tree can
+    only add accepted paths, whatever the text); high on some and low on others is the drafter
+    fitting some text and not other (a domain effect), not a bug; one workload or none cannot
+    tell the two apart, and then no cause is named."""
+    if floor is None or len(per_workload) < 2:
+        return ("; one workload's requests (or none with verify rounds) cannot tell a tree bug from the "
+                "drafter's domain: bench the workload mix to tell")
+    shown = ", ".join(f"{w} {a:.2f}" for w, a in per_workload.items())
+    high = [w for w, a in per_workload.items() if a >= floor]
+    if not high:
+        return (f"; low on every workload ({shown}): a drop on every kind of text points at a tree-mask, "
+                "position or graph-padding bug")
+    return (f"; per workload {shown}: {', '.join(high)} at or above the floor, the others below: the drafter "
+            "fits some text and not other (a domain effect, not a tree bug): a drafter trained for the "
+            "served text, or keep the baseline for it")
 
 
 def _status_without_throughput(k: BenchLevel, spec: AnalysisSpec, floor: float | None) -> Status:
