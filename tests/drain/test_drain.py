@@ -156,10 +156,16 @@ def test_the_gap_record_carries_every_figure_and_the_site_scale():
     # no start-up phases read: the lab's start x the scale; the stop (a drain's end) as measured
     assert rec["site"] == {"drain_s": 2.5, "stop_s": 0.5, "start_s": 2050.0, "gap_s": 2050.5}
     line = describe(rec)
-    assert line.startswith("gap 4.6 s in the lab = 34 min 10 s at the site")
+    # issue #49: each sum in the line, and what is scaled and what is not
+    assert line.startswith("gap 4.6 s in the lab = stop 0.5 s + start 4.1 s (after a drain of 2.5 s that still "
+                           "served); at the site 34 min 10 s = the stop as measured (0.5 s, real time: not scaled) "
+                           "+ the start-up at the site's scale (34 min 10 s, the lab's 4.1 s x time scale 500)")
     g.startup = {"total_s": 391.0, "phases": []}   # the emulator's modelled start at the site's scale
     assert g.record()["site"] == {"drain_s": 2.5, "stop_s": 0.5, "start_s": 391.0, "gap_s": 391.5}
-    assert describe(g.record()).startswith("gap 4.6 s in the lab = 6 min 32 s at the site")
+    assert describe(g.record()).startswith(
+        "gap 4.6 s in the lab = stop 0.5 s + start 4.1 s (after a drain of 2.5 s that still served); at the site "
+        "6 min 32 s = the stop as measured (0.5 s, real time: not scaled) + the start-up at the site's scale "
+        "(6 min 31 s, the emulator's phases, not the lab's 4.1 s x 500)")
     assert "4 in flight" in line and "0 aborted" in line
     g2 = Gap("rollback", "x", "y", 10.0)
     g2.out_at, g2.stop_at, g2.stopped_at, g2.ready_at = 0.0, 10.0, 11.0, 13.0
