@@ -563,8 +563,8 @@ class RestartPlan:
             each = " + ".join(human_s(x) for x in self.starts)
             lab = (f"; {human_s(out / self.time_scale)} in the lab, time scale {self.time_scale:g}"
                    if self.time_scale else "")
-            cost = (f"~{human_s(out)} of outage{' at the site' + chr(39) + 's scale' if self.time_scale else ''} "
-                    f"(starts {each}, {self.projection}{lab})")
+            where = " at the site's scale" if self.time_scale else ""
+            cost = f"~{human_s(out)} of outage{where} (starts {each}, {self.projection}{lab})"
         elif self.time_scale:
             cost = (f"~{human_s(out)} of outage at the site's scale ({human_s(self.start_s)} per start; "
                     f"{human_s(out / self.time_scale)} in the lab, time scale {self.time_scale:g})")
