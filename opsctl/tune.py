@@ -642,7 +642,10 @@ def project_start(known: list, widths: list[int], draft_budgets: list[int]) -> f
     record, else the nearest width's (a capture's cost is mostly its batch sizes); each draft budget's
     capture likewise; a compile only for a budget no start on record compiled (the cache keeps the
     kernels), at the nearest compiled budget's seconds. None without a DDTree start on record."""
-    ref = next((st for st in known if st.ddtree and any(p.kind == "target verify" for p in st.phases)), None)
+    def speculative(st) -> bool:   # a verify graph is a DDTree start (records read before --all: no server_args)
+        return st.ddtree or any(p.kind == "target verify" for p in st.phases)
+
+    ref = next((st for st in known if speculative(st) and any(p.kind == "target verify" for p in st.phases)), None)
     if ref is None or ref.total_s is None:
         return None
     base = ref.total_s - sum(p.seconds or 0.0 for p in ref.phases if _startup_part(p.key))
@@ -653,11 +656,11 @@ def project_start(known: list, widths: list[int], draft_budgets: list[int]) -> f
         for p in st.phases:
             if p.seconds is None:
                 continue
-            if p.kind in ("target verify", "target decode") and p.width is not None and st.ddtree:
+            if p.kind in ("target verify", "target decode") and p.width is not None and speculative(st):
                 caps[p.width] = p.seconds
             elif p.key.startswith("draft_capture budget") and p.budget is not None:
                 drafts[p.budget] = p.seconds
-            elif p.key.startswith("draft_capture") and st.ddtree:   # one drafter capture for every budget
+            elif p.key.startswith("draft_capture") and speculative(st):   # one drafter capture for every budget
                 drafts[0] = p.seconds
             elif p.key.startswith("compile budget") and p.budget is not None:
                 compiled[p.budget] = p.seconds
