@@ -53,12 +53,13 @@ def test_a_redeploy_after_a_start_that_compiled_has_no_triton_warning(lab):
     assert "Capture target verify CUDA graph end" in journal and "DDTREE Triton compile" not in journal
 
 
-def test_tune_projects_its_outage_within_10_percent(lab):
+def test_tune_projects_its_outage_within_10_percent(lab, tmp_path):
     inv = lab.inventory_dir
     # a DDTree start on record (the first test's, else this one's): what the projection is made from
     d = opsctl("deploy", "ddtree", "--budget", "16", "--yes", "--skip-checks", inv=inv)
     assert d.returncode == 0, d.stdout + d.stderr
-    p = opsctl("tune", "ddtree", "--budgets", "4,8", "--concurrency", "1", "--yes", "--json", inv=inv)
+    p = opsctl("tune", "ddtree", "--budgets", "4,8", "--concurrency", "1", "--yes", "--json",
+               "--out", str(tmp_path / "tune"), inv=inv)   # not the repository's tune/
     assert p.returncode == 0, p.stderr
     docs = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
     plan, result = docs[0], docs[-1]
