@@ -438,3 +438,19 @@ def test_the_guard_and_the_watch_drain_on_v1_loads_up_to_their_deadline(which, m
         assert drain_server("u", port, 0, _run=fake_run)["drained"] is False
     finally:
         srv.shutdown()
+
+
+def test_the_drain_step_reports_the_records_drain_and_the_wait_after_sigterm_apart(tmp_path):
+    """Issue #49: the drain step said "drained in 0.2 s" beside the gap line's "drain 0.1 s": the
+    step spanned the drain and the wait for the last request after SIGTERM, which the record
+    counts in the stop. It reports the record's drain, and the wait after SIGTERM as such."""
+    from opsctl.flow.steps import Steps
+    from opsctl.flow.switch import drain_before_switch
+
+    host = _host(tmp_path, "drain:\n  poll_s: 0.01\n")
+    events: list[dict] = []
+    gap = drain_before_switch(FakeHost([2, 1, 0, 0]), host, why="deploy", from_release="a", to_release="b",
+                              deadline_s=30, steps=Steps(events.append, host.name))
+    (done,) = [e for e in events if e.get("step") == "drain" and e.get("status") == "ok"]
+    assert done["detail"].startswith(f"drained in {gap.drain_s:.1f} s, then SIGTERM: idle "), done["detail"]
+    assert done["detail"].endswith(" s later (part of the stop)"), done["detail"]
