@@ -695,7 +695,8 @@ def resolve_profile(name: str, budget: int | None = None, *,
             sched_text = data.get("budget_schedule")
         if sched_text is not None:
             what = "--budget-schedule" if budget_schedule is not None else f"opsctl.profiles.{name}.budget_schedule"
-            sched = schedule_mod.parse(str(sched_text), what=what)
+            sched = schedule_mod.parse(str(sched_text), what=what,
+                                       allow_torch_beam=bool(data.get("tree_torch_fallback")))
             data["budget_schedule"] = sched.text
             budget = sched.max_budget
         else:
@@ -706,9 +707,12 @@ def resolve_profile(name: str, budget: int | None = None, *,
             raise ConfigError(f"profile {name!r} needs --budget N or --budget-schedule (DDTree's node budget)",
                               f"e.g. 'opsctl deploy {name} --budget 16'")
     if kind == "ddtree":
-        if budget < 1 or budget > MAX_BUDGET:
-            raise ConfigError(f"--budget {budget} is out of range: a DDTree budget is 1..{MAX_BUDGET} "
-                              "nodes (verify width is budget + 1)", "use e.g. --budget 16")
+        if data.get("trial_set") is None and not data.get("budget_schedule"):
+            # --budget N (or the profile's budget): the one limit a schedule's band has too, checked
+            # before the block-size rule so 100 and 100000 get the same line (issue #49)
+            schedule_mod.check_budget(int(budget), allow_torch_beam=bool(data.get("tree_torch_fallback")),
+                                      what=f"--budget {budget}" if cli_budget is not None
+                                      else f"opsctl.profiles.{name}.budget {budget}")
         block = int(data.get("block_size") or 8)
         if block > 2 * (budget + 1):
             # the runtime's check (runtime worker.check_shapes): the drafter block and the verify window

@@ -209,15 +209,28 @@ def site_figures(drain_s: float | None, stop_s: float | None, start_s: float | N
 
 
 def describe(rec: dict) -> str:
-    """One line for a switch record: `gap 4.1 s (drain 0.3 s, stop 0.2 s, start 3.6 s), 0 aborted`,
-    and in the lab `... in the lab = 34 min at the site`."""
+    """One line for a switch record, each figure saying what it adds up to and, in the lab, what is
+    scaled and what is not (issue #49: "gap 1.8 s in the lab = 6 min 52 s at the site (drain 0.1 s,
+    stop 0.6 s, start 1.2 s)" read as 1.8 x 500, and the drain is not part of the gap):
+
+        gap 4.6 s = stop 0.5 s + start 4.1 s (after a drain of 2.5 s that still served), 4 in flight ...
+        gap 1.8 s in the lab = stop 0.6 s + start 1.2 s (after a drain of 0.1 s that still served); at the
+        site 6 min 52 s = the stop as measured (0.6 s, real time: not scaled) + the start-up at the site's
+        scale (6 min 51 s, the emulator's phases, not the lab's 1.2 s x 500), 0 in flight ...
+    """
     if not rec:
         return "no switch recorded"
     gap = rec.get("gap_s")
-    site = (rec.get("site") or {}).get("gap_s") if rec.get("time_scale") else None
-    line = (f"gap {human_s(gap)}" + (f" in the lab = {human_s(site)} at the site" if site is not None else "")
-            + f" (drain {human_s(rec.get('drain_s'))}, stop {human_s(rec.get('stop_s'))}, "
-              f"start {human_s(rec.get('start_s'))})")
+    site = (rec.get("site") or {}) if rec.get("time_scale") else {}
+    where = " in the lab" if site.get("gap_s") is not None else ""
+    line = (f"gap {human_s(gap)}{where} = stop {human_s(rec.get('stop_s'))} + start {human_s(rec.get('start_s'))} "
+            f"(after a drain of {human_s(rec.get('drain_s'))} that still served)")
+    if site.get("gap_s") is not None:
+        modelled = bool((rec.get("startup") or {}).get("total_s"))
+        how = (f"the emulator's phases, not the lab's {human_s(rec.get('start_s'))} x {rec['time_scale']:g}"
+               if modelled else f"the lab's {human_s(rec.get('start_s'))} x time scale {rec['time_scale']:g}")
+        line += (f"; at the site {human_s(site['gap_s'])} = the stop as measured ({human_s(site.get('stop_s'))}, "
+                 f"real time: not scaled) + the start-up at the site's scale ({human_s(site.get('start_s'))}, {how})")
     line += f", {rec.get('inflight_at_start') or 0} in flight at the drain's start, {rec.get('aborted') or 0} aborted"
     if rec.get("deadline_hit"):
         line += f" (deadline {rec.get('deadline_s'):g} s reached)"

@@ -720,6 +720,9 @@ _TB_EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)
 _UNIT_EVENTS = [
     (re.compile(r"^Started "), "started"),
     (re.compile(r"^Stopping "), "stopping"),
+    # `systemctl kill` (opsctl's drain and switch stop the server so, issue #49): a requested stop
+    # that prints no `Stopping` line, only this one and `Deactivated successfully`
+    (re.compile(r"Sent signal \w+ to main process \d+.* on client request"), "stopping"),
     (re.compile(r"^Stopped "), "stopped"),
     (re.compile(r"Main process exited"), "exited"),
     (re.compile(r"Failed with result"), "failed"),
@@ -900,8 +903,10 @@ def starts(parsed: ParsedJournal) -> list[ParsedJournal]:
     """A journal cut into the service's deliberate starts (a file spanning several deploys and
     rollbacks: `journalctl -u UNIT > FILE`), each parsed on its own, oldest first.
 
-    A `Started` line after a requested stop (`Stopping ...`, as `systemctl stop/restart` and a
-    deploy's switch print) with no `Scheduled restart job` between begins a new start: a clean
+    A `Started` line after a requested stop (`Stopping ...`, as `systemctl stop/restart` print, or
+    `Sent signal SIGTERM to main process N (...) on client request`, as `systemctl kill` in a
+    deploy's switch, a rollback and a tune print) with no `Scheduled restart job` between begins
+    a new start: a clean
     stop followed by a start is not a restart. systemd's own restart after a crash (`Main process
     exited` ... `Scheduled restart job` ... `Started`) stays inside its start and counts as one.
     A log without systemd lines is one start."""
@@ -1152,8 +1157,19 @@ def load_file(path: str | Path) -> ParsedJournal:
     text = raw.decode("utf-8", "replace")
     if looks_like_json_export(text):
         try:
-            return parse(load_entries_json(text))
+            entries = load_entries_json(text)
         except ValueError as exc:
             raise ConfigError(f"{path} looks like a journalctl JSON export but does not parse: {exc}",
-                              "export it again with 'journalctl -u UNIT -o json > FILE', or save it as text") from None
+                              "export it again with 'journalctl -u UNIT -o json --all > FILE', or save it as "
+                              "text") from None
+        nulls = [i for i, e in enumerate(entries, 1) if "MESSAGE" in e and e["MESSAGE"] is None]
+        if nulls:
+            # journalctl -o json writes a field longer than 4096 bytes as null unless --all: SGLang's
+            # server_args line (the launch args) and long tracebacks are among them (issue #49)
+            raise ConfigError(f"{path}:{nulls[0]}: {len(nulls)} of {len(entries)} journal entries have MESSAGE "
+                              "null: journalctl -o json writes fields longer than 4096 bytes as null without --all "
+                              "(SGLang's server_args line is one), so the file lacks what the server printed",
+                              "save it again with --all: journalctl -u UNIT -o json --all > FILE (or as text: "
+                              "journalctl -u UNIT > FILE)")
+        return parse(entries)
     return parse(text)

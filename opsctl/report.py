@@ -106,7 +106,40 @@ def compare(a: BenchRun, b: BenchRun) -> list[LevelDelta]:
 
 def _label(run: BenchRun, default: str) -> str:
     m = run.meta
-    return str(m.get("release") or m.get("profile") or m.get("label") or default)
+    source = Path(str(m["source"])).name if m.get("source") else None  # a results file: its name
+    return str(m.get("release") or m.get("profile") or m.get("label") or source or default)
+
+
+def report_title(run: BenchRun, baseline: BenchRun | None = None, verdict: Verdict | None = None) -> str:
+    """The report's title, the same on the PNG, the Markdown and the HTML (issue #49: a report
+    from a results file had none): what was measured, against which baseline, and the verdict
+    when there is one."""
+    title = _label(run, "release")
+    if baseline is not None:
+        title += f" vs {_label(baseline, 'baseline')}"
+    if verdict is not None:
+        title += f": {verdict.status.upper()}"
+    return title
+
+
+def gate_limits(verdict: Verdict, baseline: BenchRun) -> list[tuple[int, float, str]]:
+    """(level, tok/s, words) of the throughput each level of the baseline must reach, by the
+    level's own rule as the gate judged it: baseline x (1 + min_speedup) at the speedup level
+    (C=1 needs +5 %), baseline x (1 - max_regression) elsewhere (issue #49: the plot drew
+    "baseline -15 %" at C=1 too)."""
+    policy = verdict.policy or {}
+    if "max_regression" not in policy:
+        return []
+    at = int(policy.get("speedup_concurrency", 1))
+    gain = float(policy.get("min_speedup", 0.0))
+    loss = -float(policy["max_regression"])
+    out = []
+    for lv in baseline.median().levels:
+        if lv.level <= 0:
+            continue
+        need = gain if lv.level == at else loss
+        out.append((lv.level, lv.output_throughput * (1 + need), f"{need * 100:+.0f} %"))
+    return out
 
 
 # --------------------------------------------------------------------------- PNG
@@ -149,11 +182,12 @@ def plot_png(run: BenchRun, path: str | Path, baseline: BenchRun | None = None, 
         any_accept = True
         ax_acc.plot([c for c, _ in pts], [a for _, a in pts], ":", marker=".", label=f"{name} (release)")
     policy = (verdict.policy or {}) if verdict is not None else {}
-    if verdict is not None and baseline is not None and "max_regression" in policy:
-        bm = baseline.median().levels
-        limit = 1.0 - float(policy["max_regression"])
-        ax_tok.plot([lv.level for lv in bm], [lv.output_throughput * limit for lv in bm], ":", color="tab:red",
-                    label=f"gate limit: baseline -{float(policy['max_regression']) * 100:.0f} %")
+    limits = gate_limits(verdict, baseline) if verdict is not None and baseline is not None else []
+    if limits:
+        words = sorted({w for _, _, w in limits}, key=lambda w: -float(w.split()[0]))
+        ax_tok.plot([c for c, _, _ in limits], [t for _, t, _ in limits], ":", marker="_", color="tab:red",
+                    label="gate limit: baseline " + ", ".join(
+                        f"{w} at C={','.join(str(c) for c, _, x in limits if x == w)}" for w in words))
     floor = None
     if verdict is not None:
         floors = policy.get("accept_length_floor") or {}
@@ -293,9 +327,11 @@ def why_lines(diagnosis: dict | None) -> list[str]:
 
 def markdown(run: BenchRun, baseline: BenchRun | None = None, verdict: Verdict | None = None,
              *, plot_name: str | None = None, start: dict | None = None, diagnosis: dict | None = None) -> str:
-    lines = [f"# Bench report: {_label(run, 'release')}", ""]
+    lines = [f"# Bench report: {report_title(run, baseline, verdict)}", ""]
     if baseline is not None:
         lines += [f"Baseline: {_label(baseline, 'baseline')}", ""]
+    else:
+        lines += ["Baseline: none given, so no verdict (pass --baseline FILE to compare and judge)", ""]
     if verdict is not None:
         lines += [f"**Verdict: {verdict.status.upper()}** ({verdict.profile_kind})", ""]
         lines += [f"- {r}" for r in verdict.reasons]
@@ -335,7 +371,7 @@ def markdown(run: BenchRun, baseline: BenchRun | None = None, verdict: Verdict |
 def html(run: BenchRun, baseline: BenchRun | None = None, verdict: Verdict | None = None,
          *, plot_name: str | None = None, start: dict | None = None, diagnosis: dict | None = None) -> str:
     e = _html.escape
-    title = f"Bench report: {_label(run, 'release')}"
+    title = f"Bench report: {report_title(run, baseline, verdict)}"
     parts = ["<!doctype html>", "<html><head><meta charset='utf-8'>", f"<title>{e(title)}</title>",
              "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
              "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
@@ -343,6 +379,8 @@ def html(run: BenchRun, baseline: BenchRun | None = None, verdict: Verdict | Non
              f"<h1>{e(title)}</h1>"]
     if baseline is not None:
         parts.append(f"<p>Baseline: {e(_label(baseline, 'baseline'))}</p>")
+    else:
+        parts.append("<p>Baseline: none given, so no verdict (pass --baseline FILE to compare and judge)</p>")
     if verdict is not None:
         parts.append(f"<p class='{verdict.status}'><b>Verdict: {verdict.status.upper()}</b> "
                      f"({e(verdict.profile_kind)})</p>")
@@ -380,8 +418,7 @@ def write_report(run: BenchRun, out_dir: str | Path, baseline: BenchRun | None =
     start (a release's report: its phases under "Start-up")."""
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
-    png = plot_png(run, d / f"{name}.png", baseline, verdict=verdict,
-                   title=None if verdict is None else f"{_label(run, 'release')}: {verdict.status}")
+    png = plot_png(run, d / f"{name}.png", baseline, verdict=verdict, title=report_title(run, baseline, verdict))
     md = d / f"{name}.md"
     md.write_text(markdown(run, baseline, verdict, plot_name=png.name, start=start, diagnosis=diagnosis),
                   encoding="utf-8")

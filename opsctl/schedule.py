@@ -22,7 +22,7 @@ from opsctl.errors import ConfigError
 from opsctl.onhost.capture import captured_batch_sizes, pad_to_captured
 
 __all__ = ["SCHEDULE_FILE", "SCHEDULE_ENV", "FUSED_TREE_MAX_BUDGET", "RUNTIME_MAX_BUDGET", "EXAMPLE", "Band",
-           "BudgetSchedule", "parse", "captured_batch_sizes", "pad_to_captured", "check_for_server", "check_budget"]
+           "BudgetSchedule", "parse", "captured_batch_sizes", "pad_to_captured", "check_for_server", "check_budget", "budget_limit"]
 
 SCHEDULE_FILE = "ddtree-schedule.json"
 SCHEDULE_ENV = "SGLANG_DDTREE_SCHEDULE_FILE"
@@ -114,8 +114,10 @@ def _short_list(xs: list[int]) -> str:
     return "[" + ", ".join(map(str, xs)) + "]" if len(xs) <= 6 else f"[{xs[0]}, {xs[1]}, ..., {xs[-1]}] ({len(xs)})"
 
 
-def parse(text: str, *, what: str = "--budget-schedule") -> BudgetSchedule:
-    """`MIN_BS:BUDGET[,MIN_BS:BUDGET...]`, first band at 1, bounds strictly increasing."""
+def parse(text: str, *, what: str = "--budget-schedule", allow_torch_beam: bool = True) -> BudgetSchedule:
+    """`MIN_BS:BUDGET[,MIN_BS:BUDGET...]`, first band at 1, bounds strictly increasing; each band's
+    budget (0 aside) within check_budget's limit: the runtime's 1024, or the fused tree kernel's
+    64 for a profile without the torch beam (`allow_torch_beam=False`)."""
     fix = f"write bands as MIN_BATCH:BUDGET in increasing batch order, from 1, e.g. {what} {EXAMPLE}"
     if not text or not text.strip():
         raise ConfigError(f"{what} is empty", fix)
@@ -127,9 +129,8 @@ def parse(text: str, *, what: str = "--budget-schedule") -> BudgetSchedule:
         lo, budget = int(m.group(1)), int(m.group(2))
         if lo < 1:
             raise ConfigError(f"{what} {text!r}: batch size {lo} is below 1", fix)
-        if budget > RUNTIME_MAX_BUDGET:
-            raise ConfigError(f"{what} {text!r}: budget {budget} is above the runtime's {RUNTIME_MAX_BUDGET}",
-                              "use budgets of 0..64 (the fused tree kernel's range)")
+        if budget > 0:  # 0 is a band with no tree; any other budget has every limit --budget N has
+            check_budget(budget, allow_torch_beam=allow_torch_beam, what=f"{what} {text}")
         if bands and lo == bands[-1].min_bs:
             raise ConfigError(f"{what} {text!r}: two bands start at batch {lo} (bands overlap)", fix)
         if bands and lo < bands[-1].min_bs:
@@ -156,17 +157,30 @@ def check_for_server(schedule: BudgetSchedule, *, capture_bs: list[int],
                 f"{what} {schedule.text}: band {band.min_bs}:{band.budget} (batch {schedule.band_range(i)}) "
                 f"holds no captured batch size (a batch of {band.min_bs} replays at the graph for {nxt})",
                 f"start bands at captured sizes ({_short_list(capture_bs)}), or drop the band")
-        check_budget(band.budget, allow_torch_beam=allow_torch_beam, what=f"{what} {schedule.text}")
+        if band.budget:  # 0: the band drafts nothing
+            check_budget(band.budget, allow_torch_beam=allow_torch_beam, what=f"{what} {schedule.text}")
+
+
+def budget_limit(allow_torch_beam: bool) -> tuple[int, str]:
+    """The largest DDTree budget a profile can serve and what sets it: the fused tree kernel's 64,
+    or the runtime's 1024 for a profile that accepts the torch beam (tree_torch_fallback)."""
+    if allow_torch_beam:
+        return RUNTIME_MAX_BUDGET, f"the runtime's {RUNTIME_MAX_BUDGET}"
+    return FUSED_TREE_MAX_BUDGET, f"the fused tree kernel's {FUSED_TREE_MAX_BUDGET}"
 
 
 def check_budget(budget: int, *, allow_torch_beam: bool, what: str) -> None:
     """The limits every DDTree budget has, a schedule's band or `--budget N` (the one-band
-    schedule 1:N) alike: one check, so both are refused with the same line."""
-    if budget > FUSED_TREE_MAX_BUDGET and not allow_torch_beam:
-        raise ConfigError(
-            f"{what}: budget {budget} is above the fused tree kernel's {FUSED_TREE_MAX_BUDGET}",
-            f"use budgets up to {FUSED_TREE_MAX_BUDGET}, or set tree_torch_fallback: true in the "
-            "profile (opsctl.profiles.ddtree) to accept the slower torch beam")
+    schedule 1:N) alike: one check and one limit, so 100 and 100000 are refused with the same
+    line (issue #49): the limit that applies to this profile, never two different ones."""
+    limit, by = budget_limit(allow_torch_beam)
+    fix = (f"use budgets 1..{limit}" + ("" if allow_torch_beam else ", or set tree_torch_fallback: true in the "
+           f"profile (opsctl.profiles.ddtree) to accept the slower torch beam (up to {RUNTIME_MAX_BUDGET})"))
+    if budget < 1:
+        raise ConfigError(f"{what}: budget {budget} is below 1 (a DDTree budget counts tree nodes, the root "
+                          "excluded)", fix)
+    if budget > limit:
+        raise ConfigError(f"{what}: budget {budget} is above {by}", fix)
 
 
 # --------------------------------------------------------------------------- trial sets (issue #37)

@@ -452,7 +452,10 @@ def describe(start: dict | None, *, lab_line: bool = True) -> list[str]:
     scale = st.time_scale
     head = f"start-up {human_s(st.total_s)}"
     if scale:
-        head += f" at the site ({_lab_s(st.total_s / scale) if st.total_s else '?'} in the lab, time scale {scale:g})"
+        # the server's own start (its first line to its ready line, the journal), every phase scaled:
+        # not the switch's start (the controller's clock, stop to ready confirmed), which is longer
+        head += (f" at the site (the server's own {_lab_s(st.total_s / scale) if st.total_s else '?'} in the lab "
+                 f"x time scale {scale:g}, first line to ready)")
     if start.get("profile"):
         head += f", {start['profile']}"
     lines = [head + ": " + " · ".join(_items(st, human_s))]

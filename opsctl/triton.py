@@ -386,12 +386,24 @@ def read_host(conn: Connection, host: HostConfig, runtime_sha: str) -> HostView:
         raise HostError(f"{host.name}: nvidia-smi reports no GPU compute capability ('{facts.GpuArch().command()}' "
                         "printed nothing): the ddtree runtime's Triton kernels are compiled for the GPU architecture",
                         "check the NVIDIA driver on the host (nvidia-smi lists the GPUs and their compute_cap)")
+    manifest = _as_written_for(manifest or {}, runtime_sha)
     shape = ModelShape.from_config(cfg)
     if shape is None:
         raise HostError(f"{host.name}: {model_cfg} is missing or has no vocab_size/hidden_size (top level or "
                         "text_config): the draft head is sized from them",
                         "check opsctl.model.path in the inventory points at the model's directory on the host")
-    return HostView(arch, shape, manifest or {}, packages)
+    return HostView(arch, shape, manifest, packages)
+
+
+def _as_written_for(manifest: dict, runtime_sha: str) -> dict:
+    """A manifest a server start wrote (`filled_by: start`: the start compiled its kernels into the
+    release's cache and recorded them) names no runtime; the directory it lies in is that
+    runtime's own (shared/cache/triton/<runtime sha12>, the release's `triton` link), so it was
+    written for `runtime_sha`. Without this a re-deploy of a release whose previous start compiled
+    its kernels warned "the first start compiles" and started with no compile (issue #49)."""
+    if manifest and manifest.get("filled_by") == "start" and not manifest.get("runtime"):
+        return {**manifest, "runtime": runtime_sha}
+    return manifest
 
 
 @dataclass

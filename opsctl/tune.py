@@ -46,7 +46,6 @@ from typing import Any, Callable, Protocol
 from opsctl.brake import BRAKE, Interrupted
 from opsctl.errors import ConfigError, DeployFailed, OpsctlError
 
-MAX_BUDGET = 256
 ONE_RESTART = "one-restart"
 RESTART_PER_TRIAL = "restart-per-trial"
 # a trial set lists every plausible schedule (the runtime refuses a control file naming one it did
@@ -183,8 +182,9 @@ def parse_budgets(text: str) -> list[int]:
         budgets = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:
         raise ConfigError(f"--budgets {text!r}: not a list of integers", "e.g. --budgets 4,8,16,32") from None
-    if not budgets or budgets[0] < 1 or budgets[-1] > MAX_BUDGET:
-        raise ConfigError(f"--budgets {text!r}: budgets must be 1..{MAX_BUDGET}", "e.g. --budgets 4,8,16,32")
+    if not budgets:
+        raise ConfigError(f"--budgets {text!r}: no budgets", "e.g. --budgets 4,8,16,32")
+    # the range is the profile's, checked by plan_tune with the line --budget N gets (issue #49)
     return budgets
 
 
@@ -481,7 +481,16 @@ def plan_tune(inventory, budgets: list[int], *, concurrency: list[int] | None = 
         raise ConfigError("no budgets to tune", "e.g. --budgets 4,8,16,32")
     inv = as_inventory(inventory)
     host = inv.single(limit)
-    profiles = {b: host.profile(profile_name, b) for b in budgets}  # bad budgets before any host I/O
+    profiles = {}
+    for b in budgets:  # bad budgets before any host I/O, refused with --budget N's own line
+        try:
+            profiles[b] = host.profile(profile_name, b)
+        except ConfigError as exc:
+            flag = f"--budget {b}:"
+            if not exc.problem.startswith(flag):
+                raise
+            raise ConfigError(f"--budgets {','.join(map(str, budgets))}:" + exc.problem[len(flag):],
+                              exc.fix) from None
     first = profiles[budgets[0]]
     # the graphs' batch sizes do not depend on the budget: where the schedule's bands may start
     capture_bs = first.captured_batch_sizes
@@ -538,9 +547,16 @@ class RestartPlan:
     trials: str = ""               # TunePlan.describe_trials
     after: str = ""                # TunePlan.describe_after
     widths: list[int] = field(default_factory=list)  # the trial release's verify widths (ONE_RESTART)
+    # each restart's projected start, in order (trials, then after them), from the phases of the
+    # starts on record (project_start); empty: every restart is projected at the last start's start_s
+    starts: list[float] = field(default_factory=list)
+    stop_s: float = 0.0            # the last switch's stop (a process exit: real time, not scaled)
+    projection: str = ""           # how the starts were projected, in words
 
     @property
     def projected_outage_s(self) -> float | None:
+        if self.starts and len(self.starts) == self.restarts:
+            return round(sum(self.starts) + self.restarts * self.stop_s, 1)
         return round(self.restarts * self.start_s, 1) if self.start_s is not None else None
 
     def as_dict(self) -> dict:
@@ -550,6 +566,7 @@ class RestartPlan:
                 "trial_restarts": self.trial_restarts, "after_restarts": self.after_restarts, "mode": self.mode,
                 "mode_reason": self.mode_reason, "start_s": self.start_s, "time_scale": self.time_scale,
                 "projected_outage_s": self.projected_outage_s, "projected_outage_lab_s": lab,
+                "projected_starts_s": self.starts, "projected_stop_s": self.stop_s, "projection": self.projection,
                 "drain_deadline_s": self.drain_deadline_s, "trial_widths": self.widths}
 
     def describe(self) -> str:
@@ -558,6 +575,12 @@ class RestartPlan:
         out = self.projected_outage_s
         if out is None:
             cost = "start time unknown (no start in the journal)"
+        elif self.starts and len(self.starts) == self.restarts:
+            each = " + ".join(human_s(x) for x in self.starts)
+            lab = (f"; {human_s(out / self.time_scale)} in the lab, time scale {self.time_scale:g}"
+                   if self.time_scale else "")
+            where = " at the site's scale" if self.time_scale else ""
+            cost = f"~{human_s(out)} of outage{where} (starts {each}, {self.projection}{lab})"
         elif self.time_scale:
             cost = (f"~{human_s(out)} of outage at the site's scale ({human_s(self.start_s)} per start; "
                     f"{human_s(out / self.time_scale)} in the lab, time scale {self.time_scale:g})")
@@ -590,17 +613,135 @@ def restart_plan(inventory, plan: TunePlan) -> RestartPlan:
     conn = connect(host)
     try:
         start_s = scale = None
+        last = None
         began = facts.get(conn, facts.ServiceStartEpoch(host.unit_name))
         if began is not None:
             try:
-                st = startup.parse(facts.get(conn, facts.JournalWindow(host.unit_name, began - 5)))
-                start_s, scale = st.total_s, st.time_scale
+                last = startup.parse(facts.get(conn, facts.JournalWindow(host.unit_name, began - 5)))
+                start_s, scale = last.total_s, last.time_scale
             except (OpsctlError, IndexError, ValueError):
                 pass
+        try:
+            records, _ = facts.get(conn, facts.LedgerRecords(str(host.install_root)))
+        except OpsctlError:
+            records = []
         deadline = drain_deadline_s(conn, host)
     finally:
         conn.close()
-    return plan_restarts(plan, start_s, scale, deadline)
+    rp = plan_restarts(plan, start_s, scale, deadline)
+    return project_restarts(rp, plan, last, list(records or []))
+
+
+def _known_starts(last, ledger: list[dict]) -> list:
+    """Every start on record, newest first: the live release's last start (the journal), then the
+    ledger's switch records' starts (ready, with phases)."""
+    from opsctl import startup
+
+    out = [last] if last is not None and last.total_s else []
+    for rec in reversed(ledger):
+        st = rec.get("startup") if rec.get("action") == "switch" and rec.get("result") != "not-ready" else None
+        if isinstance(st, dict) and st.get("total_s") and isinstance(st.get("phases"), list):
+            out.append(startup.Startup.from_dict(st))
+    return out
+
+
+def _startup_part(key: str) -> bool:
+    return key.startswith(("capture", "draft_capture", "compile budget"))
+
+
+def project_start(known: list, widths: list[int], draft_budgets: list[int]) -> float | None:
+    """A start that captures target graphs of `widths` and the drafter's for `draft_budgets` (each
+    with its Triton compile), projected from the starts on record (newest first, issue #49: a tune's
+    plan projected every restart at the last start's seconds, and its trial release, which captures
+    every candidate's width, took twice that). The newest DDTree start gives what every start pays
+    (weight load, warm-up, the rest); each width's capture is the newest capture of that width on
+    record, else the nearest width's (a capture's cost is mostly its batch sizes); each draft budget's
+    capture likewise; a compile only for a budget no start on record compiled (the cache keeps the
+    kernels), at the nearest compiled budget's seconds. None without a DDTree start on record."""
+    def speculative(st) -> bool:   # a verify graph is a DDTree start (records read before --all: no server_args)
+        return st.ddtree or any(p.kind == "target verify" for p in st.phases)
+
+    ref = next((st for st in known if speculative(st) and any(p.kind == "target verify" for p in st.phases)), None)
+    if ref is None or ref.total_s is None:
+        return None
+    base = ref.total_s - sum(p.seconds or 0.0 for p in ref.phases if _startup_part(p.key))
+    caps: dict[int, float] = {}
+    drafts: dict[int, float] = {}
+    compiled: dict[int, float] = {}
+    for st in reversed(known):   # oldest first: the newest value wins
+        for p in st.phases:
+            if p.seconds is None:
+                continue
+            if p.kind in ("target verify", "target decode") and p.width is not None and speculative(st):
+                caps[p.width] = p.seconds
+            elif p.key.startswith("draft_capture budget") and p.budget is not None:
+                drafts[p.budget] = p.seconds
+            elif p.key.startswith("draft_capture") and speculative(st):   # one drafter capture for every budget
+                drafts[0] = p.seconds
+            elif p.key.startswith("compile budget") and p.budget is not None:
+                compiled[p.budget] = p.seconds
+
+    def nearest(table: dict[int, float], x: int) -> float:
+        keys = [k for k in table if k > 0] or list(table)
+        return table[min(keys, key=lambda k: (abs(k - x), -k))] if keys else 0.0
+
+    def capture(w: int) -> float:
+        if w in caps or len(caps) < 2:
+            return caps.get(w, nearest(caps, w))
+        # two widths or more on record: the line through the two nearest (a capture's cost grows a
+        # little with its tokens per request)
+        a, b = sorted(caps, key=lambda k: (abs(k - w), k))[:2]
+        return max(0.0, caps[a] + (caps[b] - caps[a]) * (w - a) / (b - a))
+
+    def compile_s(b: int) -> float:
+        # the head's compile grows with its budget: the nearest compiled budget's seconds, in proportion
+        near = [k for k in compiled if k > 0]
+        if not near:
+            return 0.0
+        k = min(near, key=lambda k: (abs(k - b), -k))
+        return compiled[k] * b / k
+
+    total = base + sum(capture(w) for w in widths)
+    total += sum(drafts[b] if b in drafts else nearest(drafts, b) for b in draft_budgets)
+    total += sum(compile_s(b) for b in draft_budgets if b not in compiled)
+    return round(total, 1)
+
+
+def project_restarts(rp: RestartPlan, plan: TunePlan, last, ledger: list[dict]) -> RestartPlan:
+    """`rp` with each restart's start projected (project_start): the trial release's (or each
+    budget's), and after them the release that served (its last start, less the compiles its
+    kernels no longer need) or the winner. Unchanged where no DDTree start is on record."""
+    from opsctl import trialset
+
+    known = _known_starts(last, ledger)
+    if plan.mode == ONE_RESTART:
+        one = project_start(known, _widths(plan.candidates), trialset.draft_budgets(plan.candidates))
+        trials = [one] * plan.trial_restarts
+    else:
+        trials = [project_start(known, [b + 1], [b]) for b in plan.budgets]
+        if plan.schedule_possible:
+            trials.append(max((t for t in trials if t is not None), default=None))
+    after: list = []
+    if plan.after_restarts:
+        if plan.after == "restore" and last is not None and last.total_s:
+            # the restored release starts as it last did, without the compiles its first start made
+            after = [round(last.total_s - sum(p.seconds or 0.0 for p in last.phases
+                                               if p.key.startswith("compile budget")), 1)]
+        else:
+            done = [t for t in trials if t is not None]
+            after = [round(sum(done) / len(done), 1)] if done else [None]
+    starts = trials + after
+    if not starts or any(x is None for x in starts) or len(starts) != rp.restarts:
+        return rp
+    stop = 0.0
+    for rec in reversed(ledger):
+        if rec.get("action") == "switch" and rec.get("stop_s") is not None:
+            stop = float(rec["stop_s"])
+            break
+    rp.starts, rp.stop_s = [float(x) for x in starts], round(stop, 2)
+    rp.projection = ("each start projected from its graphs and the phases of the starts on record, the stop "
+                     f"{stop:g} s as the last switch's")
+    return rp
 
 
 def plan_restarts(plan: TunePlan, start_s: float | None, time_scale: float | None,

@@ -195,7 +195,11 @@ def drain_before_switch(conn: Connection, host: HostConfig, *, why: str, from_re
         steps.done("drain", t0, f"deadline {deadline_s:g} s reached: {load.busy} request(s) still running, "
                    f"ended by the switch (recorded)", status="warn")
     else:
-        steps.done("drain", t0, f"drained in {time.monotonic() - (end - deadline_s):.1f} s")
+        # the drain as the switch record counts it (out of the pool to SIGTERM), then the wait for the
+        # last request after SIGTERM, which the record counts in the stop (issue #49: one figure each)
+        after = max(0.0, gap.now() - gap.stop_at) if gap.stop_at is not None else 0.0
+        steps.done("drain", t0, f"drained in {gap.drain_s if gap.drain_s is not None else 0.0:.1f} s, "
+                   f"then SIGTERM: idle {after:.1f} s later (part of the stop)")
     return gap
 
 

@@ -248,7 +248,8 @@ def level_table(rows: list[LevelRow]) -> tuple[list[str], list[list[str]], list[
         elif r.judged_on == "aggregate" and r.delta_pct is not None:
             judged = (f"judged on aggregate tok/s {_f(r.baseline_tok_s, '%.1f')} -> "
                       f"{_f(r.candidate_tok_s, '%.1f')}: ")
-        lines.append(f"C={r.concurrency}: {judged}{r.why or r.status}")
+        lines.append(f"C={r.concurrency}: {judged}{r.why or r.status}"
+                     + (f"; {d}" if (d := sign_disagreement(r)) else ""))
     return list(LEVEL_TABLE_COLUMNS), cells, lines
 
 
@@ -328,8 +329,10 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
                 s = thr.grade_speedup(delta)
                 if s != "pass":
                     reasons.append(f"C={c}: output {k.output_throughput:.1f} tok/s vs baseline "
-                                   f"{b.output_throughput:.1f} ({delta * 100:+.1f}%), needs at least "
-                                   f"{thr.min_speedup * 100:+.1f}%" + (" (marginal)" if s == "marginal" else ""))
+                                   f"{b.output_throughput:.1f} ({delta * 100:+.1f}%), "
+                                   + (f"needs at least {thr.min_speedup * 100:+.1f}%" if thr.min_speedup >= 0
+                                      else f"below the {thr.min_speedup * 100:+.1f}% limit")
+                                   + (" (marginal)" if s == "marginal" else ""))
                 st = _worst(st, s)
             s = thr.grade_regression(delta)
             if s != "pass" and not (thr.speedup_level(c) and st != "pass"):
@@ -357,9 +360,8 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
             delta = interval.ratio - 1.0
             reasons[:] = [r for r in reasons if not _throughput_reason(r, c)]
             if decision == "fail":
-                need = (f"needs at least {thr.min_speedup * 100:+.0f} %" if thr.speedup_level(c)
-                        else f"limit -{thr.max_regression * 100:.0f} %")
-                reasons.append(f"C={c}: speedup {interval.pct()}: the whole interval is below {need}")
+                reasons.append(f"C={c}: speedup {interval.pct()}: the whole interval is below "
+                               f"{_need(thr, c)[1]}")
             elif decision == "inconclusive":
                 few = min(interval.n_candidate, interval.n_baseline) < spec.interval.min_requests
                 reasons.append(f"C={c}: speedup {interval.pct()}: " + (
@@ -405,8 +407,8 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
     if low_accept:
         worst = min(a for _, a in low_accept)
         reasons.append(f"accept length {worst:.2f} below the {profile_kind} floor {floor:.2f} ("
-                       + ", ".join(f"C={c}: {a:.2f}" for c, a in low_accept)
-                       + "); a drop like this points at a tree-mask, position or graph-padding bug")
+                       + ", ".join(f"C={c}: {a:.2f}" for c, a in low_accept) + ")"
+                       + accept_cause(workload_accept(candidate, [c for c, _ in low_accept]), floor))
     if no_accept:
         reasons.append(f"no accept length reported for a {profile_kind} release at C="
                        + ",".join(map(str, no_accept)) + f" (floor {floor:.2f}); start SGLang with --enable-metrics")
@@ -489,6 +491,42 @@ def _throughput_reason(reason: str, c: int) -> bool:
     return reason.startswith(f"C={c}: output ") or reason.startswith(f"C={c}: repeats spread")
 
 
+def workload_accept(run: BenchRun, levels: list[int]) -> dict[str, float]:
+    """Accept length per workload over `levels`, from the requests' samples (output tokens over
+    verify rounds, `[workload, tokens, e2e, ttft, verify rounds, ok]`); workloads without verify
+    rounds (no speculative metadata) are left out."""
+    tokens: dict[str, float] = {}
+    rounds: dict[str, float] = {}
+    for lv in run.levels:
+        if lv.level not in levels:
+            continue
+        for smp in getattr(lv, "samples", None) or []:
+            if len(smp) < 5 or not smp[4] or (len(smp) > 5 and not smp[5]):
+                continue
+            tokens[smp[0]] = tokens.get(smp[0], 0.0) + float(smp[1])
+            rounds[smp[0]] = rounds.get(smp[0], 0.0) + float(smp[4])
+    return {w: tokens[w] / rounds[w] for w in sorted(tokens) if rounds[w] > 0}
+
+
+def accept_cause(per_workload: dict[str, float], floor: float | None) -> str:
+    """What a low accept length points at, named only where the evidence supports it (issue #49):
+    low on every workload of the mix is the signature of a bug in the tree (a larger tree can
+    only add accepted paths, whatever the text); high on some and low on others is the drafter
+    fitting some text and not other (a domain effect), not a bug; one workload or none cannot
+    tell the two apart, and then no cause is named."""
+    if floor is None or len(per_workload) < 2:
+        return ("; one workload's requests (or none with verify rounds) cannot tell a tree bug from the "
+                "drafter's domain: bench the workload mix to tell")
+    shown = ", ".join(f"{w} {a:.2f}" for w, a in per_workload.items())
+    high = [w for w, a in per_workload.items() if a >= floor]
+    if not high:
+        return (f"; low on every workload ({shown}): a drop on every kind of text points at a tree-mask, "
+                "position or graph-padding bug")
+    return (f"; per workload {shown}: {', '.join(high)} at or above the floor, the others below: the drafter "
+            "fits some text and not other (a domain effect, not a tree bug): a drafter trained for the "
+            "served text, or keep the baseline for it")
+
+
 def _status_without_throughput(k: BenchLevel, spec: AnalysisSpec, floor: float | None) -> Status:
     """The level's status from errors and accept length only (the interval judges throughput)."""
     if spec.errors.level_fails(k.errors):
@@ -508,11 +546,33 @@ def _why(status: str, delta: float | None, c: int, spec: AnalysisSpec, accept: f
         status == "pass" else ""
     if status != "pass":
         return f"{status} ({pct})"
-    if spec.throughput.speedup_level(c):
-        return f"pass ({pct}, at least {spec.throughput.min_speedup * 100:+.0f} % needed here{acc})"
-    if delta < 0:
-        return f"pass ({pct}, within the -{spec.throughput.max_regression * 100:.0f} % limit{acc})"
+    thr = spec.throughput
+    gain = thr.speedup_level(c) and thr.min_speedup >= 0
+    if gain or delta < 0:
+        return f"pass ({pct}, {_need(thr, c)[0]}{acc})"
     return f"pass ({pct}, faster than the baseline{acc})"
+
+
+def _need(thr, c: int) -> tuple[str, str]:
+    """What level C must show, in words that read right with its sign (issue #49): a gain "at
+    least +5 % needed here" / "the +5 % this level needs"; a loss allowed "within the -15 % limit" /
+    "the -15 % limit" (never "at least -15 % needed")."""
+    need = thr.needed_delta(c) * 100
+    if thr.speedup_level(c) and need >= 0:
+        return f"at least {need:+.0f} % needed here", f"the {need:+.0f} % this level needs"
+    return f"within the {need:+.0f} % limit", f"the {need:+.0f} % limit"
+
+
+def sign_disagreement(row: "LevelRow") -> str | None:
+    """Where a level's aggregate delta and its judged per-request delta have opposite signs, the
+    words that say so and why they can (issue #49: "agg Δ -1.5% judged Δ +62.3%" with nothing
+    saying why); None where they agree or one is missing."""
+    agg, judged = row.aggregate_delta_pct, row.delta_pct
+    if row.judged_on != "per-request" or agg is None or judged is None or agg * judged >= 0:
+        return None
+    return (f"the aggregate ({agg:+.1f} %) and the per-request ratio ({judged:+.1f} %) disagree in sign: the "
+            "aggregate is all output over the run's wall time (queueing, the slowest request and the mix weigh "
+            "in), the per-request ratio each request's own tok/s; the gate judges the per-request ratio")
 
 
 def verdict_summary(verdict: "Verdict") -> str:

@@ -105,6 +105,41 @@ class LocalConnection:
         pass
 
 
+def _quiet_paramiko() -> None:
+    """paramiko's transport thread logs a failed handshake ("Exception (client): Error reading SSH
+    protocol banner") with two tracebacks at ERROR; with no handler configured Python's last-resort
+    handler prints them on stderr before opsctl's one-line error (issue #49). The exception still
+    reaches _connection, which says what happened in one line."""
+    import logging
+
+    log = logging.getLogger("paramiko")
+    if not any(isinstance(h, logging.NullHandler) for h in log.handlers):
+        log.addHandler(logging.NullHandler())
+    log.propagate = False
+
+
+def _ssh_failure(name: str, ssh, exc: Exception, lab_hint: str) -> HostError:
+    """One line for an SSH handshake that failed after the TCP connection was made: what failed
+    (no SSH server answered, the host key, the login) and the fix for that, not a generic one."""
+    import paramiko
+
+    text = str(exc) or type(exc).__name__
+    where = f"{name} ({ssh.describe()})"
+    if isinstance(exc, paramiko.BadHostKeyException) or "known_hosts" in text or "host key" in text.lower():
+        return HostError(f"SSH to {where} failed: {text}",
+                         f"check the host key in {ssh.known_hosts_file} (ssh-keyscan -p {ssh.port} {ssh.address})")
+    if isinstance(exc, paramiko.AuthenticationException):
+        return HostError(f"SSH to {where} failed: {text}",
+                         "check the key file and the user in the inventory (ansible_ssh_private_key_file, "
+                         "ansible_user) and that the key is in the host's authorized_keys")
+    # the banner never came (a port that is not sshd, a host that accepts and stalls or drops the
+    # connection), or the session died with it (fabric's "No existing session" afterwards)
+    return HostError(f"host {where} is unreachable: something accepted the TCP connection but no SSH "
+                     f"server answered within {ssh.connect_timeout:g} s ({text})",
+                     "check the address and port in the inventory (ansible_host, ansible_port) and that "
+                     "sshd runs there and answers" + lab_hint)
+
+
 @dataclass
 class SSHConnection:
     """fabric/paramiko connection rendered from the host's SSHSettings (`HostConfig.ssh`,
@@ -143,6 +178,7 @@ class SSHConnection:
             raise HostError(f"host {self.host.name} ({what}) is unreachable: {exc}",
                             "check the address in the inventory and that sshd runs there" + lab_hint) from exc
         conn = ssh.fabric_connection(self.host.name)
+        _quiet_paramiko()
         try:
             conn.open()
             conn.client.get_transport().set_keepalive(ssh.server_alive_interval)
@@ -154,8 +190,7 @@ class SSHConnection:
                             "sshd allows TCP forwarding") from exc
         except paramiko.SSHException as exc:
             self._close_gateway(conn)
-            raise HostError(f"SSH to {self.host.name} ({ssh.describe()}) failed: {exc}",
-                            "check the host key in known_hosts and the key file in the inventory") from exc
+            raise _ssh_failure(self.host.name, ssh, exc, lab_hint) from exc
         except OSError as exc:
             self._close_gateway(conn)
             raise HostError(f"host {self.host.name} ({ssh.describe()}) is unreachable: {exc}",

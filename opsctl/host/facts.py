@@ -209,7 +209,9 @@ class JournalWindow(Fact[list]):
     since: int | float | str
 
     def command(self) -> str:
-        return (f"journalctl -u {shlex.quote(self.unit)} -o json --since {shlex.quote(_since(self.since))} "
+        # --all: without it journald writes a field over 4096 bytes as null, SGLang's server_args line
+        # (the launch args: a DDTree server, its budget) among them (issue #49)
+        return (f"journalctl -u {shlex.quote(self.unit)} -o json --all --since {shlex.quote(_since(self.since))} "
                 f"--no-pager; echo \"#rc=$?\"")
 
     def check(self, result: Result) -> None:

@@ -54,7 +54,7 @@ def test_phases_a_controller_built_cache_and_a_slower_start(served, lab_host, tm
     for phase in ("weight load ", "target verify graphs width 17 (bs 1-", "draft decode graphs (bs 1-",
                   "Triton compile b16 ", "warm-up "):
         assert phase in block[0], block[0]
-    assert "in the lab, time scale 500), ddtree-b16:" in block[0]
+    assert "in the lab x time scale 500, first line to ready), ddtree-b16:" in block[0]
 
     # 2. the cache built on the controller for the lab's GPUs (compute capability 12.0), no GPU here
     dist = tmp_path / "dist"

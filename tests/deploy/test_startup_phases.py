@@ -42,7 +42,7 @@ def _record(text: str, profile: str = "ddtree-b16") -> dict:
 def test_the_block_names_every_phase_at_the_site_and_in_the_lab():
     lines = startup.describe(_record(COLD))
     assert lines == [
-        "start-up 7 min 45 s at the site (0.931 s in the lab, time scale 500), ddtree-b16: weight load 36.8 s · "
+        "start-up 7 min 45 s at the site (the server's own 0.931 s in the lab x time scale 500, first line to ready), ddtree-b16: weight load 36.8 s · "
         "target verify graphs b16 (bs 1-64) 3 min 6 s · draft decode graphs (bs 1-64) 27.6 s · "
         "Triton compile b16 22.1 s · warm-up 3 min · other (process start, NCCL, KV cache) 12.8 s",
         "  in the lab: weight load 0.074 s · target verify graphs b16 (bs 1-64) 0.372 s · "
@@ -137,7 +137,7 @@ def test_the_switch_record_keeps_every_phase_and_compares_with_the_last_start_of
     _StepPrinter(False)(gap_event)
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("[lab]   gap ")
-    assert out[1].startswith("[lab]   start-up 11 min 55 s at the site (1.43 s in the lab, time scale 500), "
+    assert out[1].startswith("[lab]   start-up 11 min 55 s at the site (the server's own 1.43 s in the lab x time scale 500, first line to ready), "
                              "ddtree-b16: weight load 4 min 52 s · ")
     assert out[2].startswith("[lab]     in the lab: weight load 0.584 s · ")
     assert out[3].startswith("[lab]   WARN startup.slower: this start took 11 min 55 s, 54 % more than the last "
@@ -289,7 +289,7 @@ def test_status_prints_the_live_releases_last_start_in_one_line(fleet, monkeypat
     out = _cli(monkeypatch, capsys, "status", "-i", str(fleet.inv_dir))
     [line] = [ln for ln in out.splitlines() if "last start of" in ln]
     assert line == ("[lab] last start of ddtree-b16-live000000 (rollback, 2026-12-02T00:30:00Z): start-up 11 min 55 s "
-                    "at the site (1.43 s in the lab, time scale 500), ddtree-b16: weight load 4 min 52 s · "
+                    "at the site (the server's own 1.43 s in the lab x time scale 500, first line to ready), ddtree-b16: weight load 4 min 52 s · "
                     "target verify graphs b16 (bs 1-64) 3 min 6 s · draft decode graphs (bs 1-64) 27.6 s · "
                     "Triton compile b16 22.1 s · warm-up 3 min · other (process start, NCCL, KV cache) 7.6 s")
     doc = json.loads(_cli(monkeypatch, capsys, "status", "-i", str(fleet.inv_dir), "--json"))

@@ -560,3 +560,19 @@ def test_the_runtime_s_filler_accepts_opsctl_s_arguments():
                        env={**os.environ, "PYTHONPATH": str(REPO / "runtime/src"), "CUDA_VISIBLE_DEVICES": ""})
     assert p.returncode == 0, p.stderr
     assert sorted(int(b) for b in json.loads(p.stdout.splitlines()[-1])["per_budget"]) == [4, 16]
+
+
+def test_kernels_a_start_compiled_and_recorded_cover_the_next_deploy(site):
+    """Issue #49: the server's start compiled its kernels into the release's cache and recorded them
+    (`filled_by: start`, no runtime key: the lab's SGLang does so); the next deploy of the same
+    runtime found "no Triton cache" and warned that the first start compiles, and that start had
+    no compile phase. The directory is the runtime's own: its manifest is that runtime's."""
+    doc = {k: v for k, v in _manifest([16]).items() if k not in ("runtime", "triton")}
+    (site.cache / triton.MANIFEST_NAME).write_text(json.dumps({**doc, "filled_by": "start"}))
+    out, ev = _run_step(site)
+    assert out["state"] == "complete" and ev["status"] == "ok", (out, ev)
+    assert "no Triton cache" not in ev["detail"]
+    # a manifest without a runtime that a start did not write is still not trusted
+    (site.cache / triton.MANIFEST_NAME).write_text(json.dumps(doc))
+    out, ev = _run_step(site)
+    assert out["state"] == "missing" and ev["status"] == "warn"

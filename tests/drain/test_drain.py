@@ -156,10 +156,16 @@ def test_the_gap_record_carries_every_figure_and_the_site_scale():
     # no start-up phases read: the lab's start x the scale; the stop (a drain's end) as measured
     assert rec["site"] == {"drain_s": 2.5, "stop_s": 0.5, "start_s": 2050.0, "gap_s": 2050.5}
     line = describe(rec)
-    assert line.startswith("gap 4.6 s in the lab = 34 min 10 s at the site")
+    # issue #49: each sum in the line, and what is scaled and what is not
+    assert line.startswith("gap 4.6 s in the lab = stop 0.5 s + start 4.1 s (after a drain of 2.5 s that still "
+                           "served); at the site 34 min 10 s = the stop as measured (0.5 s, real time: not scaled) "
+                           "+ the start-up at the site's scale (34 min 10 s, the lab's 4.1 s x time scale 500)")
     g.startup = {"total_s": 391.0, "phases": []}   # the emulator's modelled start at the site's scale
     assert g.record()["site"] == {"drain_s": 2.5, "stop_s": 0.5, "start_s": 391.0, "gap_s": 391.5}
-    assert describe(g.record()).startswith("gap 4.6 s in the lab = 6 min 32 s at the site")
+    assert describe(g.record()).startswith(
+        "gap 4.6 s in the lab = stop 0.5 s + start 4.1 s (after a drain of 2.5 s that still served); at the site "
+        "6 min 32 s = the stop as measured (0.5 s, real time: not scaled) + the start-up at the site's scale "
+        "(6 min 31 s, the emulator's phases, not the lab's 4.1 s x 500)")
     assert "4 in flight" in line and "0 aborted" in line
     g2 = Gap("rollback", "x", "y", 10.0)
     g2.out_at, g2.stop_at, g2.stopped_at, g2.ready_at = 0.0, 10.0, 11.0, 13.0
@@ -432,3 +438,19 @@ def test_the_guard_and_the_watch_drain_on_v1_loads_up_to_their_deadline(which, m
         assert drain_server("u", port, 0, _run=fake_run)["drained"] is False
     finally:
         srv.shutdown()
+
+
+def test_the_drain_step_reports_the_records_drain_and_the_wait_after_sigterm_apart(tmp_path):
+    """Issue #49: the drain step said "drained in 0.2 s" beside the gap line's "drain 0.1 s": the
+    step spanned the drain and the wait for the last request after SIGTERM, which the record
+    counts in the stop. It reports the record's drain, and the wait after SIGTERM as such."""
+    from opsctl.flow.steps import Steps
+    from opsctl.flow.switch import drain_before_switch
+
+    host = _host(tmp_path, "drain:\n  poll_s: 0.01\n")
+    events: list[dict] = []
+    gap = drain_before_switch(FakeHost([2, 1, 0, 0]), host, why="deploy", from_release="a", to_release="b",
+                              deadline_s=30, steps=Steps(events.append, host.name))
+    (done,) = [e for e in events if e.get("step") == "drain" and e.get("status") == "ok"]
+    assert done["detail"].startswith(f"drained in {gap.drain_s:.1f} s, then SIGTERM: idle "), done["detail"]
+    assert done["detail"].endswith(" s later (part of the stop)"), done["detail"]

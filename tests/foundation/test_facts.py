@@ -96,6 +96,12 @@ def test_journal_window_parses_entries_and_refuses_a_failed_journalctl():
     assert "journalctl for u failed (exit 1)" in exc.value.problem
 
 
+def test_journal_window_asks_for_long_fields_whole():
+    # issue #49: `-o json` without --all writes a field over 4096 bytes as null, SGLang's server_args
+    # line among them: a DDTree start was read as an autoregressive one (tune's outage projection)
+    assert " -o json --all " in facts.JournalWindow("sglang-k26", 1).command()
+
+
 def test_start_journal_of_this_invocation():
     out = "INV=5f1e\nLINES=120\nREADY=1\nFAIL Capture cuda graph failed: CUDA error: out of memory\n"
     got = facts.StartJournal("u").process(out)

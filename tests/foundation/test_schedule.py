@@ -183,3 +183,41 @@ def test_deploy_budget_above_the_kernel_is_refused_before_any_host_io(tmp_path):
         assert "budget 100 is above the fused tree kernel's 64" in err[0]
         outs[args[0]] = err[0].split(": budget 100 ", 1)[1]
     assert outs["--budget"] == outs["--budget-schedule"]  # the same line after the flag that set it
+
+
+@pytest.mark.parametrize("fallback,limit,by", [(False, 64, "the fused tree kernel's 64"),
+                                               (True, 1024, "the runtime's 1024")])
+def test_one_budget_limit_one_message_whatever_the_size(fallback, limit, by):
+    # issue #49: --budget 100000 said "1..1024 nodes" and --budget 100 "above the fused tree kernel's 64"
+    over = {"ddtree": {"tree_torch_fallback": True}} if fallback else None
+    assert resolve_profile("ddtree", limit, overrides=over).budget == limit
+    lines = {}
+    for b in (limit + 1, 100, 100_000):
+        if b <= limit:
+            continue
+        with pytest.raises(ConfigError) as exc:
+            resolve_profile("ddtree", b, overrides=over)
+        assert exc.value.problem == f"--budget {b}: budget {b} is above {by}"
+        with pytest.raises(ConfigError) as band:
+            resolve_profile("ddtree", budget_schedule=f"1:{b},8:4", overrides=over)
+        assert band.value.problem == f"--budget-schedule 1:{b},8:4: budget {b} is above {by}"
+        assert band.value.fix == exc.value.fix and f"1..{limit}" in exc.value.fix
+        lines[b] = exc.value.fix
+    assert len(set(lines.values())) == 1
+    with pytest.raises(ConfigError) as zero:
+        resolve_profile("ddtree", 0, overrides=over)
+    assert zero.value.problem.startswith("--budget 0: budget 0 is below 1") and zero.value.fix == exc.value.fix
+
+
+def test_tune_budgets_get_the_line_a_deploy_budget_gets():
+    from opsctl import tune
+    from opsctl.config import load_inventory
+
+    inv = load_inventory(REPO / "inventories/lab")
+    for b in (100, 100_000):
+        with pytest.raises(ConfigError) as exc:
+            tune.plan_tune(inv, tune.parse_budgets(f"8,{b}"))
+        assert exc.value.problem == f"--budgets 8,{b}: budget {b} is above the fused tree kernel's 64"
+        with pytest.raises(ConfigError) as dep:
+            resolve_profile("ddtree", b)
+        assert exc.value.fix == dep.value.fix

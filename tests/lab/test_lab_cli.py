@@ -16,7 +16,12 @@ OPSCTL = [sys.executable, "-m", "opsctl"]
 def run(*args, user=None):
     pre = []
     if user is not None:
-        pre = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups"]
+        # another user, who keeps CAP_DAC_READ_SEARCH only (an ambient capability): it reads the
+        # clone wherever it is, a 0700 home directory included (issue #49), and is still not root
+        # (euid 65534, no other capability), which is what `opsctl lab up` checks
+        pre = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups",
+               "--inh-caps=-all,+dac_read_search", "--ambient-caps=-all,+dac_read_search",
+               "--bounding-set=-all,+dac_read_search"]
     return subprocess.run(pre + OPSCTL + list(args), capture_output=True, text=True, cwd=REPO, timeout=60)
 
 
@@ -34,6 +39,25 @@ def test_bad_fault_param_is_bad_input():
 def test_up_without_root_is_a_clear_lab_error():
     r = run("lab", "up", user=65534)
     assert r.returncode == 7 and "needs root" in r.stderr, r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to drop to nobody")
+def test_the_other_user_is_not_root_and_reads_a_clone_in_a_0700_home(tmp_path):
+    # what run(user=...) gives: euid 65534, no capability but reading, wherever the clone is
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    (home / "f").write_text("x")
+    pre = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    probe = ("import os, sys; print(os.geteuid(), open(sys.argv[1]).read());"
+             "open(sys.argv[1], 'w')")
+    caps = ["--inh-caps=-all,+dac_read_search", "--ambient-caps=-all,+dac_read_search",
+            "--bounding-set=-all,+dac_read_search"]
+    p = subprocess.run(pre + caps + ["/usr/bin/python3", "-c", probe, str(home / "f")], capture_output=True,
+                       text=True, timeout=30)
+    assert p.stdout.split() == ["65534", "x"] and "PermissionError" in p.stderr, p.stdout + p.stderr  # reads, cannot write
+    bare = subprocess.run(pre + ["/usr/bin/python3", "-c", probe, str(home / "f")], capture_output=True,
+                          text=True, timeout=30)
+    assert "PermissionError" in bare.stderr and not bare.stdout  # without it, a 0700 home is closed
 
 
 def test_fault_names_are_documented():

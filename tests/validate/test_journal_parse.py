@@ -314,7 +314,7 @@ def test_journal_window_runs_journalctl_json_and_parses():
     out = "\n".join(json.dumps({"MESSAGE": m, "_PID": "9"}) for m in [begin("target verify", 17), end("target verify")])
     conn = FakeConnection(Result("journalctl", 0, out + "\n", "", 0.1, "lab"))
     entries = facts.get(conn, facts.JournalWindow("sglang-k26.service", "2026-05-30 00:20:00"))
-    assert conn.commands[0][0].startswith("journalctl -u sglang-k26.service -o json --since '2026-05-30 00:20:00' "
+    assert conn.commands[0][0].startswith("journalctl -u sglang-k26.service -o json --all --since '2026-05-30 00:20:00' "
                                           "--no-pager")
     assert only_capture(journal.parse(entries)).complete
 
