@@ -511,7 +511,7 @@ class Watch:
 
     # ---------------------------------------------------------------- reading the host
     def read_journal(self) -> dict | None:
-        argv = ["journalctl", "-u", self.unit, "-o", "json", "--no-pager",
+        argv = ["journalctl", "-u", self.unit, "-o", "json", "--all", "--no-pager",  # --all: long fields whole, not null
                 "--output-fields=MESSAGE,_PID,SYSLOG_IDENTIFIER"]
         cursor = self.state.get("journal_cursor")
         argv += [f"--after-cursor={cursor}"] if cursor else [f"--since=@{self.state['journal_since']}"]
