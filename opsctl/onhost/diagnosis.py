@@ -457,7 +457,8 @@ def headline(d: Mapping[str, Any]) -> str:
         head = (f"C={r['concurrency']}: accept {r['accept']:.2f} against a break-even of {r['break_even_accept']:.2f} "
                 f"(step {r['step_ms']:.1f} ms vs {r['ar_step_ms']:.1f} ms autoregressive)")
         if causes:
-            head += f"; the loss over {len(losing)} losing level(s): " + ", ".join(f"{CAUSE_WORDS.get(c['kind'], c['kind'])} {c['share'] * 100:.0f} %" for c in causes)
+            shares_text = ", ".join(f"{CAUSE_WORDS.get(c['kind'], c['kind'])} {c['share'] * 100:.0f} %" for c in causes)
+            head += f"; the loss over {len(losing)} losing level(s): {shares_text}"
     best = d.get("best") or {}
     if best:
         preds = {(p["budget"], p["concurrency"]): p for p in d.get("predictions", [])}
