@@ -350,7 +350,11 @@ def _dl(truth, L, hit, rng, g):
 @pytest.mark.parametrize("graph", [False, True], ids=["eager-head", "graph-head"])
 @pytest.mark.parametrize("L,B,bs,hit", [(4, 11, 3, 0.8), (7, 31, 4, 0.9), (3, 3, 2, 0.5), (7, 7, 3, 1.0),
                                         (7, 4, 3, 0.8), (7, 3, 2, 1.0)])  # budget < block - 1: window max(N, block)
-def test_ddtree_decode_step_equals_autoregressive(stubbed, L, B, bs, hit, graph):
+def test_ddtree_decode_step_equals_autoregressive(stubbed, L, B, bs, hit, graph, monkeypatch, caplog):
+    # the step-parts line (stepparts.py): every 2 decode steps, every step sampled (host clock on the CPU)
+    monkeypatch.setenv("SGLANG_DDTREE_STEP_PARTS_EVERY", "2")
+    monkeypatch.setenv("SGLANG_DDTREE_STEP_PARTS_SAMPLE", "1")
+    caplog.set_level("INFO", logger="sglang_ddtree.worker")
     S = _setup(stubbed, L, B, bs, hit, seed=L * 10 + B, graph=graph)
     worker, model, prompts, refs, rt, pool_idx, calls = (S[k] for k in
                                                          ("worker", "model", "prompts", "refs", "rt", "pool_idx", "calls"))
@@ -421,6 +425,14 @@ def test_ddtree_decode_step_equals_autoregressive(stubbed, L, B, bs, hit, graph)
         assert getattr(worker, "_ddtree_head_in_graph", False) and head._cap == 8
     print(f"L={L} B={B} hit={hit}: mean accept_len {sum(accept) / len(accept):.2f} over {len(accept) // bs} steps")
     assert max(accept) <= min(L, B) + 1
+    steps = len(accept) // bs
+    lines = [r.getMessage() for r in caplog.records if "DDTree step parts:" in r.getMessage()]
+    assert len(lines) == steps // 2 >= 1, lines
+    for ln in lines:
+        assert re.fullmatch(rf"DDTree step parts: bs={bs} budget={B} sampled=2 of=2 drafter_ms=\d+\.\d{{3}} "
+                            r"tree_ms=\d+\.\d{3} prep_ms=\d+\.\d{3} target_ms=\d+\.\d{3} commit_ms=\d+\.\d{3} "
+                            r"step_ms=\d+\.\d{3}", ln), ln
+    assert worker._ddtree_parts.lines == lines
     if hit == 1.0:  # every top-1 right: nearly always the whole chain (a narrow tree may trade depth for width)
         assert sum(accept) / len(accept) > 0.9 * (min(L, B) + 1)
 
