@@ -16,7 +16,7 @@ LINE_RE = re.compile(
 
 class FakeClock:
     """Marks carry the fake time (ms) at which they are taken; ``ready`` is
-    False for marks taken while ``hold`` is set, until ``release()``; every
+    False for marks taken while ``hold`` is set, until ``complete()``; every
     ``ready`` / ``elapsed_ms`` call is counted (elapsed only on ready marks)."""
 
     def __init__(self):
@@ -43,7 +43,7 @@ class FakeClock:
         assert a.done and b.done, "read a mark that is not complete"
         return b.t - a.t
 
-    def release(self):
+    def complete(self):
         for m in self.held:
             m.done = True
         self.held = []
@@ -182,7 +182,7 @@ def test_never_blocks_on_incomplete_marks():
     run_step(p, clk, 8, 16)
     run_step(p, clk, 8, 16)  # step 2 sampled: step 0 still pending (not read, no wait)
     assert len(p.pending) == 1 + 1
-    clk.release()
+    clk.complete()
     for _ in range(5):
         run_step(p, clk, 8, 16)
     clk.hold = True
@@ -234,3 +234,29 @@ def test_sampling_cost_per_step_host():
     per = (time.perf_counter() - t0) / n * 1e6
     print(f"sampler host cost: {per:.2f} us per step (1 in 10 sampled)")
     assert per < 200.0  # generous (shared CI box); typical: a few us
+
+
+def test_marks_released_only_once_read():
+    """A clock with ``release`` (CudaClock reuses its events) gets back every
+    mark of a step once that step is read, never one still pending or dropped."""
+    class Pool(FakeClock):
+        def __init__(self):
+            super().__init__()
+            self.released = []
+
+        def release(self, m):
+            assert m.done
+            self.released.append(m)
+
+    clk, got = Pool(), []
+    p = StepParts(every=4, sample=2, clock=clk, log=got.append)
+    run_step(p, clk, 8, 16)
+    run_step(p, clk, 8, 16)
+    assert clk.released == []
+    clk.hold = True
+    run_step(p, clk, 8, 16)  # step 2: read at step 0's harvest? no: step 0 is read here, step 2 stays pending
+    n0 = len(clk.released)
+    assert n0 == 14  # start, win0/1, draft0/1, tree1, prep0/1, target1, commit0..3, end
+    run_step(p, clk, 8, 16)  # window end: step 2 incomplete -> dropped, not released
+    assert len(clk.released) == n0 and p.dropped == 1
+    assert parse_line(got[0])["sampled"] == 1

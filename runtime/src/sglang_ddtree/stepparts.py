@@ -81,17 +81,22 @@ class PerfClock:
 class CudaClock:
     """CUDA events on the current stream: ``mark`` records one (no sync),
     ``ready`` asks ``query()``, ``elapsed_ms`` is ``elapsed_time`` (only called
-    once both are complete)."""
+    once both are complete).  Events are reused once read (``release``): a
+    sampled step records without creating events."""
 
     def __init__(self):
         import torch
 
         self._torch = torch
+        self._free = []
 
     def mark(self):
-        e = self._torch.cuda.Event(enable_timing=True)
+        e = self._free.pop() if self._free else self._torch.cuda.Event(enable_timing=True)
         e.record()
         return e
+
+    def release(self, m) -> None:
+        self._free.append(m)
 
     def ready(self, m) -> bool:
         return bool(m.query())
@@ -202,9 +207,13 @@ class StepParts:
 
     def _harvest(self) -> None:
         keep = []
+        release = getattr(self.clock, "release", None)
         for st in self.pending:
             if all(self.clock.ready(x) for x in st.marks.values()):
                 self.done_rows.setdefault(st.key, []).append(self._parts(st))
+                if release is not None:  # read: the marks can be recorded again
+                    for x in st.marks.values():
+                        release(x)
             else:
                 keep.append(st)
         self.pending = keep

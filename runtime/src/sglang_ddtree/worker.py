@@ -894,13 +894,14 @@ def make_worker_class():
             hidden = hidden[: bs * N]
             front_pos = (prefix_lens.to(torch.int64).unsqueeze(1) + torch.arange(N, device=device)).reshape(-1)
             cache_loc = self._draft_write_ids(verify_plan)
+            commit_lens = accept_lens.to(torch.int32)
             sp.mark("commit2")
             self._append_target_hidden_to_draft_kv_by_loc(
                 target_hidden=hidden.reshape(bs * N, -1),
                 cache_loc=cache_loc,
                 cache_loc_2d=cache_loc.view(bs, N),
                 positions=front_pos,
-                commit_lens=accept_lens.to(torch.int32),
+                commit_lens=commit_lens,
             )
             logits_output.hidden_states = None
 
