@@ -455,3 +455,27 @@ def test_ddtree_decode_with_triton_head_in_interpreter():
     pytest.importorskip("triton")
     p = job_result("decode:interp")
     assert p.returncode == 0 and re.search(r"\b2 passed", p.stdout), p.stdout[-4000:] + p.stderr[-2000:]
+
+
+def test_step_parts_sampler_of_the_worker(stubbed, monkeypatch):
+    """The worker's step-parts sampler (``_ddtree_step_parts``): from the env,
+    the host clock on a CPU device, enabled on TP rank 0 only (no marks, no line
+    on the others)."""
+    from sglang_ddtree.stepparts import PerfClock
+
+    monkeypatch.setenv("SGLANG_DDTREE_STEP_PARTS_EVERY", "7")
+    monkeypatch.setenv("SGLANG_DDTREE_STEP_PARTS_SAMPLE", "3")
+    worker = _setup(stubbed, 4, 11, 3, 0.8, seed=1, graph=False)["worker"]
+    worker._ddtree_parts = None
+    p = worker._ddtree_step_parts()
+    assert p is worker._ddtree_step_parts() and (p.every, p.sample, p.enabled) == (7, 3, True)
+    assert isinstance(p.clock, PerfClock)
+    worker._ddtree_parts, worker._target_tp_rank = None, 1
+    p = worker._ddtree_step_parts()
+    assert not p.enabled
+    for _ in range(20):
+        s = p.begin()
+        s.mark("win0")
+        s.done(3, 11)
+        p.end()
+    assert p.lines == [] and p.pending == []
