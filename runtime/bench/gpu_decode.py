@@ -1673,9 +1673,9 @@ def decode_loop(env, w, reqs, *, max_steps, temperature=0.0, timed=(), gen=None)
     n_max = w._h_nmax
     log_steps = []
     timed = set(timed)
-    _TIMER[0] = env.timer
     step = 0
     while step < max_steps:
+        _TIMER[0] = env.timer if step in timed else None  # untimed steps: the segment wrappers are bare calls
         new = [r for r in reqs if not r["admitted"] and r["arrival"] <= step]
         admit(env, new, temperature, gen)
         running = [r for r in reqs if r["admitted"] and not r["done"]]
@@ -1931,6 +1931,246 @@ def phase_breakdown(args, res):
     log(res["breakdown_table_wall"])
 
 
+# ---------------------------------------------------------------------------
+# the runtime's step-parts line (issue #48) against the harness's breakdown
+# ---------------------------------------------------------------------------
+
+# line part -> the harness's segment (StepTimer summary key, GPU spans)
+PART_SEGMENT = {"drafter": "draft_fwd", "tree": "head_tree", "prep": "verify_prep", "target": "target_fwd",
+                "commit": "accept_commit", "step": "total"}
+PART_REL_TOL = 0.10  # |line - harness| <= 10 % of the harness's value ...
+PART_SMALL_MS = 0.05  # ... or, for parts under 0.05 ms (harness), |line - harness| <= 0.01 ms
+PART_ABS_TOL_MS = 0.01
+
+
+def compare_parts(summary: dict, fields: dict, prefix=None) -> list:
+    """One row per part: the harness's median (``summary``, seconds; its CUDA-event
+    spans where measured, else host wall clock) against the line's value
+    (``fields``, ms, from ``stepparts.parse_line``)."""
+    prefix = prefix or ("gpu" if "gpu_total" in summary else "wall")
+    rows = []
+    for part, seg in PART_SEGMENT.items():
+        h = 1e3 * float(summary.get(f"{prefix}_{seg}", 0.0))
+        v = float(fields.get(f"{part}_ms", 0.0))
+        d = v - h
+        small = h < PART_SMALL_MS
+        ok = abs(d) <= PART_ABS_TOL_MS + 5e-4 if small else abs(d) <= PART_REL_TOL * h + 5e-4  # + the line's rounding
+        rows.append(dict(part=part, harness_ms=round(h, 4), line_ms=v, diff_ms=round(d, 4),
+                         diff_pct=(round(100.0 * d / h, 2) if h > 0 else None), rule="abs<=0.01ms" if small else "rel<=10%",
+                         ok=bool(ok)))
+    return rows
+
+
+def parts_table(results) -> str:
+    hdr = "| config | bs | budget | part | harness ms | line ms | diff % | rule | ok |"
+    out = [hdr, "|" + "---|" * 9]
+    for r in results:
+        for c in r["compare"]:
+            pct = "n/a" if c["diff_pct"] is None else f"{c['diff_pct']:+.1f}"
+            out.append(f"| {r['config']} | {r['bs']} | {r['budget']} | {c['part']} | {c['harness_ms']:.3f} | "
+                       f"{c['line_ms']:.3f} | {pct} | {c['rule']}"
+                       f"{' (diff ' + format(c['diff_ms'], '+.4f') + ' ms)' if c['rule'].startswith('abs') else ''} | "
+                       f"{'ok' if c['ok'] else '**FAIL**'} |")
+    return "\n".join(out)
+
+
+class _LineCatcher:
+    """The worker logger's records while a run is on (SGLang's prefix format)."""
+
+    def __init__(self):
+        import logging
+
+        self.lines = []
+        self.h = logging.Handler()
+        self.h.setFormatter(logging.Formatter("[%(asctime)s TP0] %(message)s", datefmt="%Y-%m-%d %H:%M:%S"))
+        self.h.emit = lambda rec: self.lines.append(self.h.format(rec))
+        self.lg = logging.getLogger("sglang_ddtree.worker")
+
+    def __enter__(self):
+        import logging
+
+        self.lines = []
+        self.level = self.lg.level
+        self.lg.setLevel(logging.INFO)
+        self.lg.addHandler(self.h)
+        return self
+
+    def __exit__(self, *a):
+        self.lg.removeHandler(self.h)
+        self.lg.setLevel(self.level)
+
+
+def phase_stepparts(args, res):
+    """The worker's step-parts line (stepparts.py, enabled through its env
+    variables, read from the worker's logger) against the harness's own CUDA-event
+    breakdown.  Per (config, bs), after ``--bd-warmup`` warm-up steps, two runs of
+    ``--sp-steps`` decode steps on the same requests, one line window each:
+      * ``same``: both on every step (SAMPLE=1; the harness's StepTimer too): the
+        same steps measured twice, the marks of one around the other's;
+      * ``interleaved``: the sampler on the even steps (SAMPLE=2), the harness's
+        StepTimer on the odd ones (never both on one step).
+    The check is judged on both.  Then the sampler's cost: decode steps with the
+    line off / on (defaults 200 / 10), interleaved blocks, mean wall per step, and
+    a sampled step's marks + read alone."""
+    from sglang_ddtree import stepparts as spm
+    from sglang_ddtree.stepparts import StepParts, parse_line
+
+    bss = args.sp_bs or args.bd_bs
+    W, S = args.bd_warmup, args.sp_steps
+    S += S % 2
+    modes = ("same", "interleaved")
+    n_ref = (W + len(modes) * S) * 8 + 16
+    max_ctx = 32 + n_ref + 2 * 33 + 16
+    t0 = time.time()
+    env = Env(args, V=args.vocab, max_reqs=max(bss) + 1, max_ctx=max_ctx, block=8,
+              configs={"b16": ("1:16", bss), "site": (SITE_SCHEDULE, bss)}, ar_bs=bss, seed=31)
+    log(f"[stepparts] env built in {time.time() - t0:.1f} s")
+    out, fails = [], []
+    g = random.Random(17)
+    catcher = _LineCatcher()
+    saved = {k: os.environ.get(k) for k in ("SGLANG_DDTREE_STEP_PARTS_EVERY", "SGLANG_DDTREE_STEP_PARTS_SAMPLE")}
+    per_step = []  # the sampler's per-step parts (ms), as read
+    orig_parts = StepParts._parts
+
+    def _parts_rec(self, st):
+        r = orig_parts(self, st)
+        per_step.append(r)
+        return r
+
+    def sampler(w, every, sample):  # the worker builds its sampler from the env at its next decode step
+        os.environ["SGLANG_DDTREE_STEP_PARTS_EVERY"] = str(every)
+        os.environ["SGLANG_DDTREE_STEP_PARTS_SAMPLE"] = str(sample)
+        w._ddtree_parts = None
+
+    prompts_of = {}
+    StepParts._parts = _parts_rec
+    try:
+        for bs in bss:
+            rows = list(range(1, bs + 1))
+            prompts = [[g.randrange(args.vocab) for _ in range(32)] for _ in rows]
+            refs, _, _ = env.ar_greedy(rows, prompts, n_ref, use_graph=True)
+            prompts_of[bs] = (rows, prompts, refs)
+            for r, sq in zip(rows, refs):
+                env.drafter.set_reference(r, sq)
+            for name in ("b16", "site"):
+                w = env.worker(name)
+                reqs = [new_request(r, p, 10 ** 6) for r, p in zip(rows, prompts)]
+                sampler(w, 0, 10)
+                decode_loop(env, w, reqs, max_steps=W)  # warm-up, line off
+                for mode in modes:
+                    sampler(w, S, 1 if mode == "same" else 2)
+                    env.timer.rows = []
+                    per_step.clear()
+                    with catcher:
+                        steps = decode_loop(env, w, reqs, max_steps=S,
+                                            timed=range(S) if mode == "same" else range(1, S, 2))
+                    s = StepTimer.summarize(env.timer.rows)
+                    budget = steps[-1]["budget"]
+                    mism = sum(1 for i, r in enumerate(reqs)
+                               if generated(r) != refs[i][len(r["prompt"]): len(r["prompt"]) + len(generated(r))])
+                    mine = [parse_line(x) for x in catcher.lines if "DDTree step parts:" in x]
+                    mine = [f for f in mine if f["bs"] == bs and f["budget"] == budget]
+                    row = dict(mode=mode, config=name, bs=bs, budget=budget, harness_steps=s.get("steps", 0),
+                               lines=catcher.lines, summary=s, output_mismatches=mism,
+                               harness_per_step_ms={k: [round(1e3 * x.get(f"gpu_{seg}", x.get(f"wall_{seg}", 0.0)), 4)
+                                                        for x in env.timer.rows]
+                                                    for k, seg in PART_SEGMENT.items()},
+                               line_per_step_ms={k: [round(x[k], 4) for x in per_step] for k in spm.PARTS})
+                    if len(mine) != 1:
+                        row.update(compare=[], error=f"expected one line for bs {bs} budget {budget}, got {catcher.lines}")
+                        fails.append(f"{mode}: " + row["error"])
+                    else:
+                        row["fields"] = mine[0]
+                        row["compare"] = compare_parts(s, mine[0])
+                        bad = [c["part"] for c in row["compare"] if not c["ok"]]
+                        if bad and on_cuda():  # the CPU dry run (2 steps, interpreter) is not judged
+                            fails.append(f"{mode}: {name} bs {bs} budget {budget}: {bad}")
+                    if mism:
+                        fails.append(f"{mode}: {name} bs {bs}: {mism} output mismatches")
+                    out.append(row)
+                    for ln in catcher.lines:
+                        log(f"[stepparts] {mode} {name} bs {bs}: {ln}")
+        StepParts._parts = orig_parts
+        res["stepparts"] = out
+        for mode in modes:
+            res[f"stepparts_table_{mode}"] = parts_table([r for r in out if r["mode"] == mode])
+            log(f"step-parts line vs the harness's CUDA-event breakdown, {mode} steps (ms per step, medians over the "
+                f"run's sampled / timed steps; parts under 0.05 ms compared by absolute diff <= 0.01 ms):")
+            log(res[f"stepparts_table_{mode}"])
+        # the cost: line off / on (defaults), interleaved blocks of fresh requests (same prompts) at one bs
+        cbs = args.sp_cost_bs if args.sp_cost_bs in prompts_of else bss[min(1, len(bss) - 1)]
+        rows, prompts, refs = prompts_of[cbs]
+        for r, sq in zip(rows, refs):
+            env.drafter.set_reference(r, sq)
+        w = env.worker("b16")
+        n = args.sp_cost_steps
+        walls = {"off": [], "on": []}
+        for _ in range(args.sp_cost_reps):
+            for mode in ("off", "on"):
+                sampler(w, 0 if mode == "off" else 200, 10)
+                reqs = [new_request(r, p, 10 ** 6) for r, p in zip(rows, prompts)]
+                with catcher:
+                    st = decode_loop(env, w, reqs, max_steps=W + n)
+                walls[mode] += [x["wall"] for x in st[W:]]
+        mean = {k: 1e3 * sum(v) / max(1, len(v)) for k, v in walls.items()}
+        # the sampled step's own work, alone: the marks (CUDA events), the read of the previous one, the end
+        from sglang_ddtree.stepparts import CudaClock, PerfClock
+
+        names = ("win0", "win1", "draft0", "draft1", "tree1", "prep0", "prep1", "target1", "commit0", "commit1",
+                 "commit2", "commit3")
+        sp = StepParts(every=10 ** 9, sample=1, clock=CudaClock() if on_cuda() else PerfClock())
+        k = 2000
+        sync()
+        t1 = time.perf_counter()
+        for _ in range(k):
+            st_ = sp.begin()
+            for nm in names:
+                st_.mark(nm)
+            st_.done(cbs, 16)
+            sp.end()
+        sampled_us = 1e6 * (time.perf_counter() - t1) / k
+        sync()
+        sp2 = StepParts(every=10 ** 9, sample=10 ** 9, clock=PerfClock())
+        sp2.begin(), sp2.end()
+        t1 = time.perf_counter()
+        for _ in range(k):
+            st_ = sp2.begin()
+            for nm in names:
+                st_.mark(nm)
+            st_.done(cbs, 16)
+            sp2.end()
+        unsampled_us = 1e6 * (time.perf_counter() - t1) / k
+        step_ms = mean["off"]
+        per_step_us = sampled_us / 10 + unsampled_us * 9 / 10
+        cost = dict(bs=cbs, steps_per_mode=len(walls["off"]), mean_step_ms_off=round(mean["off"], 4),
+                    mean_step_ms_on=round(mean["on"], 4),
+                    ab_diff_pct=round(100 * (mean["on"] - mean["off"]) / max(mean["off"], 1e-9), 2),
+                    sampled_step_host_us=round(sampled_us, 2), unsampled_step_host_us=round(unsampled_us, 3),
+                    per_step_us_at_sample_10=round(per_step_us, 2),
+                    per_step_pct_at_sample_10=round(100 * per_step_us / 1e3 / max(step_ms, 1e-9), 3))
+        res["stepparts_cost"] = cost
+        log(f"[stepparts] cost at bs {cbs} (b16): mean step {cost['mean_step_ms_off']:.3f} ms with the line off, "
+            f"{cost['mean_step_ms_on']:.3f} ms on (every 200, sample 10), A/B {cost['ab_diff_pct']:+.2f} % over "
+            f"{cost['steps_per_mode']} steps each (noise included); the sampled step's marks + read: "
+            f"{sampled_us:.1f} us host, an unsampled step's: {unsampled_us:.2f} us -> {per_step_us:.2f} us per step "
+            f"= {cost['per_step_pct_at_sample_10']:.3f} % of the step")
+        if cost["per_step_pct_at_sample_10"] >= 1.0:
+            fails.append(f"sampling cost {cost['per_step_pct_at_sample_10']} % of a step (>= 1 %)")
+    finally:
+        StepParts._parts = orig_parts
+        for k_, v in saved.items():
+            if v is None:
+                os.environ.pop(k_, None)
+            else:
+                os.environ[k_] = v
+    res["stepparts_ok"] = not fails
+    res["stepparts_failures"] = fails
+    if fails:
+        log("[stepparts] FAIL: " + "; ".join(fails))
+        raise AssertionError("step-parts check failed: " + "; ".join(fails))
+    log(f"[stepparts] PASS: every part within 10 % (or 0.01 ms under 0.05 ms) of the harness, {len(out)} runs")
+
+
 def profile_steps(env, w, rows, prompts, n):
     """cProfile of ``n`` decode steps (fresh requests): the functions with the
     most own time, ms per step."""
@@ -1991,6 +2231,11 @@ def parse_args(argv=None):
     ap.add_argument("--bd-warmup", type=int, default=5)
     ap.add_argument("--bd-steps", type=int, default=30)
     ap.add_argument("--prof-steps", type=int, default=20, help="decode steps under cProfile at the smallest bs")
+    ap.add_argument("--sp-bs", type=int, nargs="+", default=None, help="step-parts phase: batch sizes (default --bd-bs)")
+    ap.add_argument("--sp-steps", type=int, default=60, help="step-parts phase: decode steps per run (even)")
+    ap.add_argument("--sp-cost-bs", type=int, default=8, help="step-parts phase: the cost A/B's batch size")
+    ap.add_argument("--sp-cost-steps", type=int, default=100, help="step-parts phase: steps per A/B block")
+    ap.add_argument("--sp-cost-reps", type=int, default=3, help="step-parts phase: A/B repetitions")
     ap.add_argument("--id-schedule", default=None, help="the identity phase's schedule (default ID_SCHEDULE)")
     ap.add_argument("--cpu-smoke", action="store_true", help="the device-agnostic parts only (CI)")
     ap.add_argument("--dry-cpu", action="store_true",
@@ -2001,7 +2246,8 @@ def parse_args(argv=None):
         given = {x.split("=")[0] for x in (argv if argv is not None else sys.argv[1:]) if x.startswith("--")}
         for k, v in dict(vocab=64, hidden=32, layers=1, heads=2, head_dim=16, id_requests=4, id_min_new=12,
                          id_max_new=20, id_schedule="1:8,2:4,3:0", sample_vocab=8, sample_rounds=2, sample_bs=8,
-                         bd_bs=[1, 4], bd_warmup=1, bd_steps=2, prof_steps=2).items():
+                         bd_bs=[1, 4], bd_warmup=1, bd_steps=2, prof_steps=2, sp_steps=4, sp_cost_bs=4,
+                         sp_cost_steps=3, sp_cost_reps=1).items():
             if "--" + k.replace("_", "-") not in given:
                 setattr(a, k, v)
     return a
@@ -2076,7 +2322,8 @@ def main(argv=None):
         for ph in args.phases.split(","):
             t0 = time.time()
             try:
-                {"identity": phase_identity, "sampling": phase_sampling, "breakdown": phase_breakdown}[ph](args, res)
+                {"identity": phase_identity, "sampling": phase_sampling, "breakdown": phase_breakdown,
+                 "stepparts": phase_stepparts}[ph](args, res)
             except Exception:
                 res[f"{ph}_error"] = traceback.format_exc()
                 log(res[f"{ph}_error"])
@@ -2088,6 +2335,8 @@ def main(argv=None):
     for k in ("identity", "sampling"):
         if k in res and not res[k].get("ok"):
             rc = 1
+    if res.get("stepparts_ok") is False:
+        rc = 1
     dump()
     return rc
 

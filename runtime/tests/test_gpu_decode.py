@@ -118,3 +118,24 @@ def test_ref_tree_sampling_contract():
     gd.ref_tree_sampling_target_only(pred, acc, num, cand, ridx, nxt, sib, torch.full((1, 4), 0.5),
                                      torch.full((1,), 0.5), probs, torch.zeros_like(probs))
     assert num.tolist() == [1] and acc.tolist() == [[0, 1, -1]] and pred[0] == 3 and pred[1] == 6
+
+
+def test_step_parts_comparison_rules():
+    """The H200 step-parts check (phase_stepparts): 10 % per part, absolute
+    0.01 ms for parts under 0.05 ms; budget 0 (no drafter) compares 0 with 0."""
+    s = dict(gpu_draft_fwd=0.4e-3, gpu_head_tree=0.03e-3, gpu_verify_prep=1.2e-3, gpu_target_fwd=3.6e-3,
+             gpu_accept_commit=0.1e-3, gpu_total=5.5e-3)
+    ok = dict(drafter_ms=0.43, tree_ms=0.039, prep_ms=1.1, target_ms=3.9, commit_ms=0.095, step_ms=5.2)
+    rows = gd.compare_parts(s, ok)
+    assert [r["part"] for r in rows] == ["drafter", "tree", "prep", "target", "commit", "step"]
+    assert all(r["ok"] for r in rows), rows
+    assert rows[1]["rule"] == "abs<=0.01ms" and rows[0]["rule"] == "rel<=10%"
+    bad = dict(ok, tree_ms=0.045, target_ms=4.0)
+    assert [r["part"] for r in gd.compare_parts(s, bad) if not r["ok"]] == ["tree", "target"]
+    z = dict(s, gpu_draft_fwd=0.0, gpu_head_tree=0.0)
+    assert all(r["ok"] for r in gd.compare_parts(z, dict(ok, drafter_ms=0.0, tree_ms=0.0)))
+    table = gd.parts_table([dict(config="b16", bs=8, budget=16, compare=rows)])
+    assert "| b16 | 8 | 16 | drafter | 0.400 | 0.430 | +7.5 | rel<=10% | ok |" in table
+    # host wall clock when no CUDA spans were measured (the CPU dry run)
+    w = {k.replace("gpu_", "wall_"): v for k, v in s.items()}
+    assert all(r["ok"] for r in gd.compare_parts(w, ok))

@@ -350,7 +350,11 @@ def _dl(truth, L, hit, rng, g):
 @pytest.mark.parametrize("graph", [False, True], ids=["eager-head", "graph-head"])
 @pytest.mark.parametrize("L,B,bs,hit", [(4, 11, 3, 0.8), (7, 31, 4, 0.9), (3, 3, 2, 0.5), (7, 7, 3, 1.0),
                                         (7, 4, 3, 0.8), (7, 3, 2, 1.0)])  # budget < block - 1: window max(N, block)
-def test_ddtree_decode_step_equals_autoregressive(stubbed, L, B, bs, hit, graph):
+def test_ddtree_decode_step_equals_autoregressive(stubbed, L, B, bs, hit, graph, monkeypatch, caplog):
+    # the step-parts line (stepparts.py): every 2 decode steps, every step sampled (host clock on the CPU)
+    monkeypatch.setenv("SGLANG_DDTREE_STEP_PARTS_EVERY", "2")
+    monkeypatch.setenv("SGLANG_DDTREE_STEP_PARTS_SAMPLE", "1")
+    caplog.set_level("INFO", logger="sglang_ddtree.worker")
     S = _setup(stubbed, L, B, bs, hit, seed=L * 10 + B, graph=graph)
     worker, model, prompts, refs, rt, pool_idx, calls = (S[k] for k in
                                                          ("worker", "model", "prompts", "refs", "rt", "pool_idx", "calls"))
@@ -421,6 +425,14 @@ def test_ddtree_decode_step_equals_autoregressive(stubbed, L, B, bs, hit, graph)
         assert getattr(worker, "_ddtree_head_in_graph", False) and head._cap == 8
     print(f"L={L} B={B} hit={hit}: mean accept_len {sum(accept) / len(accept):.2f} over {len(accept) // bs} steps")
     assert max(accept) <= min(L, B) + 1
+    steps = len(accept) // bs
+    lines = [r.getMessage() for r in caplog.records if "DDTree step parts:" in r.getMessage()]
+    assert len(lines) == steps // 2 >= 1, lines
+    for ln in lines:
+        assert re.fullmatch(rf"DDTree step parts: bs={bs} budget={B} sampled=2 of=2 drafter_ms=\d+\.\d{{3}} "
+                            r"tree_ms=\d+\.\d{3} prep_ms=\d+\.\d{3} target_ms=\d+\.\d{3} commit_ms=\d+\.\d{3} "
+                            r"step_ms=\d+\.\d{3}", ln), ln
+    assert worker._ddtree_parts.lines == lines
     if hit == 1.0:  # every top-1 right: nearly always the whole chain (a narrow tree may trade depth for width)
         assert sum(accept) / len(accept) > 0.9 * (min(L, B) + 1)
 
@@ -443,3 +455,27 @@ def test_ddtree_decode_with_triton_head_in_interpreter():
     pytest.importorskip("triton")
     p = job_result("decode:interp")
     assert p.returncode == 0 and re.search(r"\b2 passed", p.stdout), p.stdout[-4000:] + p.stderr[-2000:]
+
+
+def test_step_parts_sampler_of_the_worker(stubbed, monkeypatch):
+    """The worker's step-parts sampler (``_ddtree_step_parts``): from the env,
+    the host clock on a CPU device, enabled on TP rank 0 only (no marks, no line
+    on the others)."""
+    from sglang_ddtree.stepparts import PerfClock
+
+    monkeypatch.setenv("SGLANG_DDTREE_STEP_PARTS_EVERY", "7")
+    monkeypatch.setenv("SGLANG_DDTREE_STEP_PARTS_SAMPLE", "3")
+    worker = _setup(stubbed, 4, 11, 3, 0.8, seed=1, graph=False)["worker"]
+    worker._ddtree_parts = None
+    p = worker._ddtree_step_parts()
+    assert p is worker._ddtree_step_parts() and (p.every, p.sample, p.enabled) == (7, 3, True)
+    assert isinstance(p.clock, PerfClock)
+    worker._ddtree_parts, worker._target_tp_rank = None, 1
+    p = worker._ddtree_step_parts()
+    assert not p.enabled
+    for _ in range(20):
+        s = p.begin()
+        s.mark("win0")
+        s.done(3, 11)
+        p.end()
+    assert p.lines == [] and p.pending == []

@@ -108,7 +108,7 @@ def test_graph_faults_fail_validation_and_roll_back(clean_lab, ops, fault, expec
     assert last["action"] == "rollback" and last["automatic"] and expect in last["reason"]
 
 
-def test_site_ddtree_budget_32_is_judged_worse_and_rolled_back(clean_lab, ops):
+def test_site_ddtree_budget_32_is_judged_worse_and_rolled_back(clean_lab, ops, tmp_path):
     before = current(clean_lab)
     with clean_lab.fault("accept_collapse", algorithm="DDTREE"):
         proc = ops("deploy", "ddtree", "--budget", "32", *YES)
@@ -130,6 +130,10 @@ def test_site_ddtree_budget_32_is_judged_worse_and_rolled_back(clean_lab, ops):
                            cpu_tree_ms_per_req=perf.COLLAPSE_CPU_TREE_MS_PER_REQ)
     assert top["kind"] == "acceptance" and "at budget 16" in top["evidence"], top   # the b16 judged above, or the reference
     assert top["share"] == pytest.approx(truth["acceptance"], rel=0.2), (top, truth)
+    # the release's report carries the same diagnosis as its "Why", read on the host
+    rc, rep, err = ops.json("report", verdict["release"], "--out", str(tmp_path))
+    assert rc == 0, err
+    assert rep["diagnosis"]["levels"] and "## Why" in (tmp_path / f"{verdict['release']}.md").read_text()
 
 
 def test_host_overhead_is_diagnosed_as_overhead(clean_lab, ops):

@@ -692,6 +692,22 @@ def make_worker_class():
         def _ddtree_tp_rank0(self) -> bool:
             return int(getattr(self, "_target_tp_rank", 0) or 0) == 0
 
+        def _ddtree_step_parts(self):
+            """The step-parts sampler (``stepparts.StepParts``, built at the first
+            decode step): CUDA events on a CUDA device, else the host clock; it
+            records and logs on TP rank 0 only."""
+            parts = getattr(self, "_ddtree_parts", None)
+            if parts is None:
+                from .stepparts import CudaClock, PerfClock, StepParts
+
+                try:
+                    cuda = torch.device(self.device).type == "cuda"
+                except (TypeError, RuntimeError):
+                    cuda = torch.cuda.is_available()
+                parts = self._ddtree_parts = StepParts.from_env(
+                    clock=CudaClock() if cuda else PerfClock(), log=logger.info, enabled=self._ddtree_tp_rank0())
+            return parts
+
         def _ddtree_get_head(self, max_bs: int = 0, budget: Optional[int] = None):
             """The draft head (``head.DraftTreeHead``) of ``budget`` (default: the
             widest band's) on the target's LM-head shard, built once per budget.
@@ -752,6 +768,8 @@ def make_worker_class():
             from sglang.srt.speculative.eagle_worker_common import _finalize_accept_tree_path
             from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
 
+            parts = self._ddtree_step_parts()
+            sp = parts.begin()  # a sampled step records clock marks at the part boundaries (stepparts.py)
             self._ddtree_runtime_checks()
             draft_input = batch.spec_info
             if not isinstance(draft_input, DFlashDraftInputV2):
@@ -774,6 +792,7 @@ def make_worker_class():
             # over-allocated row (2 x the widest width reserved per step); the
             # drafter block uses the first `block`, the verify the first N
             W = max(N, blk) if B > 0 else N
+            sp.mark("win0")
             window_full = assign_extend_cache_locs_func(
                 req_pool_indices=batch.req_pool_indices,
                 req_to_token=req_to_token,
@@ -783,13 +802,17 @@ def make_worker_class():
                 draft_token_num=W,
                 device=device,
             )
+            sp.mark("win1")
             window_2d = window_full.view(bs, W)
             window = window_full if W == N else window_2d[:, :N].contiguous().view(-1)
 
             # 1) draft block -> trees (budget 0: no drafter, the bonus token alone)
             if B > 0:
+                sp.mark("draft0")
                 draft_hidden, draft_in_graph = self._ddtree_draft(batch, draft_input, window_2d)
+                sp.mark("draft1")
                 trees = self._ddtree_trees(draft_hidden, draft_input.bonus_tokens.view(-1), draft_in_graph, budget=B)
+                sp.mark("tree1")
             else:
                 trees = root_only_trees(draft_input.bonus_tokens.view(-1))
             spec_steps = min(self.ddtree_L, B)
@@ -816,6 +839,7 @@ def make_worker_class():
                 write_virtual=window,
                 read_extent=N,
             )
+            sp.mark("prep0")
             verify_input = make_tree_verify_input(
                 trees, prefix_lens, spec_steps, seq_lens_sum=seq_lens_sum, mask_buf=mask_buf,
                 prepared_out_cache_loc=window, kv_loc_plan=verify_plan,
@@ -833,10 +857,12 @@ def make_worker_class():
             verify_fb, can_run_cuda_graph = eagle_prepare_for_verify(
                 verify_input, self.model_runner.req_to_token_pool, batch, self.target_worker
             )
+            sp.mark("prep1")
             target_out = self.target_worker.forward_batch_generation(
                 batch=None, forward_batch=verify_fb, is_verify=True, pp_proxy_tensors=pp_proxy_tensors
             )
             logits_output = target_out.logits_output
+            sp.mark("target1")
 
             # 3) accept (greedy tree walk / target-only sampling), SGLang's own kernels
             grammar_mask = None
@@ -845,6 +871,7 @@ def make_worker_class():
                     reqs=batch.reqs, tree=grammar_tree, sampling_info=batch.sampling_info,
                     device=verify_input.retrieve_next_token.device, barrier=grammar_barrier,
                 )
+            sp.mark("commit0")
             predict, accept_lens, accept_index = eagle_sample(verify_input, batch, logits_output, grammar_mask)
             if batch.return_logprob:
                 compute_spec_logprobs(batch, logits_output, predict, accept_index=accept_index)
@@ -856,6 +883,7 @@ def make_worker_class():
                 num_draft_tokens=N,
             )
             bonus, new_seq_lens = committed_outputs(predict, accept_lens, prefix_lens, N)
+            sp.mark("commit1")
             if on_publish is not None:
                 on_publish(new_seq_lens)
 
@@ -866,17 +894,21 @@ def make_worker_class():
             hidden = hidden[: bs * N]
             front_pos = (prefix_lens.to(torch.int64).unsqueeze(1) + torch.arange(N, device=device)).reshape(-1)
             cache_loc = self._draft_write_ids(verify_plan)
+            commit_lens = accept_lens.to(torch.int32)
+            sp.mark("commit2")
             self._append_target_hidden_to_draft_kv_by_loc(
                 target_hidden=hidden.reshape(bs * N, -1),
                 cache_loc=cache_loc,
                 cache_loc_2d=cache_loc.view(bs, N),
                 positions=front_pos,
-                commit_lens=accept_lens.to(torch.int32),
+                commit_lens=commit_lens,
             )
             logits_output.hidden_states = None
 
             next_draft_input = self._make_next_draft_input_decode(bonus_tokens=bonus, new_seq_lens=new_seq_lens)
-            return GenerationBatchResult(
+            sp.mark("commit3")
+            sp.done(bs, B)
+            out = GenerationBatchResult(
                 logits_output=logits_output,
                 next_token_ids=predict,
                 accept_lens=accept_lens,
@@ -888,6 +920,8 @@ def make_worker_class():
                 indexer_topk_output=target_out.indexer_topk_output,
                 extra_keep_alive_refs=[verify_fb],
             )
+            parts.end()  # the step's last mark; every SGLANG_DDTREE_STEP_PARTS_EVERY steps TP0 logs the line
+            return out
 
     _WORKER_CLS = DDTreeWorkerV2
     return DDTreeWorkerV2
