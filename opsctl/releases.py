@@ -15,6 +15,14 @@ from opsctl.config import HostConfig, Profile
 from opsctl.host import facts
 from opsctl.host.connection import Connection
 
+NO_GATE_REASON = "gates skipped (--no-gate)"  # the reason of a --no-gate deploy's promote record
+
+
+def ungated(rec: dict) -> bool:
+    """A promote record of a deploy that ran no gate (--no-gate): `gated: false`, or the reason
+    older opsctl versions wrote."""
+    return rec.get("gated") is False or rec.get("reason") == NO_GATE_REASON
+
 
 def release_id(profile_slug: str, rendered_digest: str, runtime_sha: str | None, drafter_digest: str | None,
                secrets_sha: str | None = None) -> str:
@@ -89,7 +97,8 @@ class HostState:
         """The newest release that was promoted (passed its gates) or put back by a
         rollback, other than `exclude`, that still exists on the host. An operator's
         rollback is not a verdict: a release whose gate verdict failed is never last good,
-        even while it serves after `rollback --to RELEASE --force`."""
+        even while it serves after `rollback --to RELEASE --force`; nor is one that never
+        passed a gate (a --no-gate deploy's, a tune's trial release: issue #50)."""
         good = self.good_releases(exclude)
         return good[0] if good else None
 
@@ -106,9 +115,45 @@ class HostState:
                 rejected.add(rec["from_release"])
             if rec.get("action") in ("promote", "rollback") and rec.get("result") == "ok" and rel \
                     and not rec.get("forced") and rel not in skip and rel in self.releases and rel not in rejected \
-                    and rel not in out and self.gate_failed(rel) is None:
+                    and rel not in out and self.gate_failed(rel) is None and self.passed_gate(rel):
                 out.append(rel)
         return out
+
+    def passed_gate(self, release: str | None) -> bool:
+        """Did a gate ever pass `release`: a promote record of it from a deploy (or `tune --apply`)
+        that ran its gates? A --no-gate deploy's promote, a trial (opsctl tune) and a rollback
+        to it are no verdict: such a release was never judged (issue #50)."""
+        return bool(release) and any(
+            rec.get("action") == "promote" and rec.get("result") == "ok" and rec.get("to_release") == release
+            and not rec.get("forced") and not ungated(rec) for rec in self.ledger)
+
+    def never_judged_why(self, release: str) -> str:
+        """Why `release` has no passing gate, in words: 'deployed with --no-gate', 'a trial
+        release of opsctl tune' or 'its deploy never passed a gate'."""
+        info = self.releases.get(release)
+        if any(rec.get("action") == "promote" and rec.get("to_release") == release and ungated(rec)
+               for rec in self.ledger):
+            return "deployed with --no-gate"
+        if (info is not None and info.trial_set) or any(
+                rec.get("trial") and rec.get("to_release") == release for rec in self.ledger):
+            return "a trial release of opsctl tune"
+        for rec in reversed(self.ledger):
+            if rec.get("to_release") == release and rec.get("action") in ("promote", "rollback", "deploy"):
+                if rec.get("action") == "deploy" and rec.get("result") in ("started", "interrupted"):
+                    return "its deploy was interrupted or killed"
+                break
+        return "its deploy never passed a gate"
+
+    def served_ungated(self, release: str) -> bool:
+        """The newest record that switched to `release` is a --no-gate deploy's promote: what a
+        --no-gate deploy of the same release again leaves unchanged (no restart)."""
+        for rec in reversed(self.ledger):
+            if rec.get("to_release") != release or rec.get("switched") is False:
+                continue
+            if rec.get("action") in ("promote", "rollback") or (rec.get("action") == "deploy"
+                                                                and rec.get("result") in ("started", "interrupted")):
+                return rec.get("action") == "promote" and rec.get("result") == "ok" and ungated(rec)
+        return False
 
     def live_not_ready(self) -> dict | None:
         """The record that switched to the live release and found it NOT ready (a rollback, the
@@ -140,12 +185,14 @@ class HostState:
 
     def judged(self, release: str) -> bool:
         """Did the newest ledger record about `release` judge it good (promoted, or put
-        back by a rollback)? A deploy that started or was interrupted after it did not."""
+        back by a rollback), and did a gate ever pass it (passed_gate)? A deploy that started
+        or was interrupted after it did not; a --no-gate or trial release never was."""
         for rec in reversed(self.ledger):
             if rec.get("to_release") != release or rec.get("switched") is False:
                 continue  # (a record that never switched to it says nothing about it)
             if rec.get("action") in ("promote", "rollback"):
-                return rec.get("result") == "ok" and not rec.get("forced") and self.gate_failed(release) is None
+                return (rec.get("result") == "ok" and not rec.get("forced") and self.gate_failed(release) is None
+                        and self.passed_gate(release))
             if rec.get("action") == "deploy" and (rec.get("result") == "started" or
                                                   (rec.get("result") == "interrupted" and rec.get("switched"))):
                 return False

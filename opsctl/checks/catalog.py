@@ -72,6 +72,10 @@ _POST = [
     ("journal_no_capture_failure", "this start of the unit logged no 'Capture cuda graph failed'",
      "CUDA-graph capture failed (usually memory: mem_fraction_static, cuda_graph_max_bs): "
      "'opsctl validate' shows the details; roll back"),
+    ("ddtree_serves_what_the_release_means", "the DDTree candidate the runtime serves (its /server_info) is the "
+     "live release's budget or schedule (a trial release: the candidate its ledger records)",
+     "a control file names another candidate, or the runtime refused one ('DDTree control refused' in "
+     "'journalctl -u UNIT'): 'opsctl tune --apply' or a deploy sets what serves; 'opsctl status' names it"),
 ]
 
 CHECKS: dict[str, CheckInfo] = {

@@ -246,3 +246,24 @@ def test_journal_no_capture_failure(hostcfg, probe, detail):
     assert not j["failures"], (f"this start of {hostcfg.unit_name} logged a CUDA-graph capture failure: "
                                f"{logic.one_line(j['failures'][0], 200)}")
     detail(f"no capture failure in {j['lines']} journal lines of this start")
+
+
+def test_ddtree_serves_what_the_release_means(hostcfg, probe, detail):
+    """What the DDTree runtime serves (its /server_info) is what the live release means: its budget or
+    schedule, a trial release the candidate its ledger records (issue #50 item 2)."""
+    from opsctl import serving
+
+    release, _ = _live(probe, hostcfg)
+    state = probe.state()
+    want = serving.intended(state.releases.get(release), state.ledger)
+    if want is None:
+        detail(f"{release} is not a DDTree release: nothing to compare")
+        return
+    fact = serving.ServingDDTree(str(hostcfg.host_python), hostcfg.http_port)
+    got = fact.process(probe.run(fact.command(), timeout=60).stdout)
+    assert got is not None, (f"GET /server_info on the host names no DDTree candidate serving "
+                             f"({release} means {want})")
+    refused = f"; the runtime refused a control file: {got['last_refusal']}" if got.get("last_refusal") else ""
+    assert serving.same(str(got["active"]), want), (f"the runtime serves DDTree {got['active']} (its /server_info), "
+                                                    f"but {release} means {want}{refused}")
+    detail(f"the runtime serves DDTree {got['active']}, as {release} means{refused}")

@@ -240,11 +240,12 @@ def register(app: typer.Typer) -> None:
 
     @app.command("rollback")
     def rollback_cmd(
-        to: Optional[str] = typer.Option(None, "--to", help="RELEASE id, 'previous' (default: the last good release) or 'baseline'."),
+        to: Optional[str] = typer.Option(None, "--to", help="RELEASE id, 'previous' (default: the last good release, else the baseline) or 'baseline'."),
         inventory: Optional[Path] = _common.InventoryOpt,
         limit: Optional[str] = _common.LimitOpt,
         reason: str = typer.Option("manual rollback", "--reason", help="Why, for the ledger."),
-        force: bool = typer.Option(False, "--force", help="Switch to a release whose gate verdict failed; it serves, "
+        force: bool = typer.Option(False, "--force", help="Switch to a release whose gate verdict failed, or that no "
+                                   "gate ever passed (a --no-gate deploy's, a tune's trial release); it serves, "
                                    "but the last good release stays the last one that passed its gate."),
         quick_verify: bool = typer.Option(False, "--quick-verify", help="Check the drafter by sampled hashes (start, "
                                           "middle and end of each file) instead of every byte before switching; "
@@ -278,7 +279,9 @@ def register(app: typer.Typer) -> None:
             for r in recs:
                 _output.info(f"[{r['host']}] rolled back {r.get('from_release')} -> {r['to_release']} "
                              f"(ready in {r.get('ready_s')}s)"
-                             + (f"; forced: its gate verdict was {r.get('verdict')}, so it is not last good"
+                             + (f"; forced: it was never judged ({r.get('never_judged')}), so it is not last good"
+                                if r.get("forced") and r.get("never_judged") else
+                                f"; forced: its gate verdict was {r.get('verdict')}, so it is not last good"
                                 if r.get("forced") else ""))
                 if r.get("gap"):
                     from opsctl.drain import describe
@@ -337,8 +340,21 @@ def register(app: typer.Typer) -> None:
                 _output.info(f"[{r['host']}] note: the live release {r['release']} failed its gate "
                              f"({r['last_verdict']['status']}); the last good release is {r.get('last_good') or 'none'}")
             elif r["release"] and r.get("judged") is False:
-                _output.info(f"[{r['host']}] note: the live release {r['release']} was never judged; the last good "
-                             f"release is {r.get('last_good') or 'none'}")
+                _output.info(f"[{r['host']}] note: the live release {r['release']} was never judged"
+                             + (f" ({r['never_judged']})" if r.get("never_judged") else "")
+                             + f"; the last good release is {r.get('last_good') or 'none'}")
+            lr = r.get("last_resort")
+            if lr:
+                _output.info(f"[{r['host']}] note: {r['release']} serves as the deploy guard's last resort "
+                             f"({lr.get('ts')}): every fallback failed ({', '.join(lr.get('tried') or [])}), so the "
+                             f"release that served when the guard began started again; it was never judged")
+            sv = r.get("serving")
+            if sv:   # the runtime's own word on what serves (issue #50 item 2)
+                _output.info(f"[{r['host']}] serving: DDTree {sv['active']} (the runtime's /server_info)"
+                             + ("" if sv.get("matches") else
+                                f"; NOT what {r['release']} means to serve ({sv.get('intended')})")
+                             + (f"; the runtime refused a control file: {sv['last_refusal']}"
+                                if sv.get("last_refusal") else ""))
             sw = r.get("last_switch")
             if sw:
                 from opsctl.drain import describe

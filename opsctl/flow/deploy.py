@@ -26,6 +26,7 @@ from opsctl.flow.judge import bench_and_judge
 from opsctl.flow.plan import LEDGER_ROOM, Plan, make_plan
 from opsctl.flow.promote import fallback_release, fallback_releases, gap_fields, prune, roll_back_after_failure, rollback_host
 from opsctl.flow.ready import crash_cause, wait_ready, with_start_diagnosis
+from opsctl.releases import NO_GATE_REASON
 from opsctl.flow.rollout import Wave, new_rollout_id, plan_waves, rollout_policy, sleep_soak, wave_failed
 from opsctl.flow.stage import stage_wave
 from opsctl.flow.steps import Progress, Steps, as_inventory, noop
@@ -449,7 +450,9 @@ def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile,
     repairs = plan.repairs
     if repairs:
         details["repaired"] = repairs
-    if plan.is_live and plan.state.judged(plan.release) and trial is None and not repairs:
+    # live and judged; or live from a --no-gate deploy, deployed again with --no-gate: nothing to do
+    if plan.is_live and trial is None and not repairs and (
+            plan.state.judged(plan.release) or (not gates and plan.state.served_ungated(plan.release))):
         append_ledger(conn, host, {"action": "deploy", "result": "unchanged", "from_release": plan.release,
                                    "to_release": plan.release, "profile": profile.name, "budget": profile.budget,
                                    "reason": "already live", "ansible_changed": play.changed,
@@ -461,8 +464,8 @@ def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile,
                    f"({', '.join(repairs[:3])}{', ...' if len(repairs) > 3 else ''}): restarting it and running "
                    f"every gate again")
     elif plan.is_live:
-        steps.note(f"release {plan.release} is live but was never judged (its deploy was interrupted or killed): "
-                   f"restarting it and running every gate again")
+        steps.note(f"release {plan.release} is live but was never judged ({plan.state.never_judged_why(plan.release)}): "
+                   + ("restarting it and running every gate again" if gates else "restarting it"))
     previous = plan.previous
     # what a failure, an interrupt or the guard puts back: the last judged-good release (or the
     # baseline), then earlier good ones when it does not become ready; never a release nobody
@@ -556,7 +559,8 @@ def _apply(conn: Connection, inv: Inventory, host: HostConfig, profile: Profile,
     disarm_guard(conn, host)
     append_ledger(conn, host, {"action": "promote", "result": "ok", "from_release": previous,
                                "to_release": plan.release, "profile": profile.name, "budget": profile.budget,
-                               "reason": "gates passed" if gates else "gates skipped (--no-gate)",
+                               "reason": "gates passed" if gates else NO_GATE_REASON,
+                               **({} if gates else {"gated": False}),
                                **{k: v for k, v in details.items()
                                   if k in ("ready_s", "drafter_bytes_sent", "repaired", "triton")},
                                **gap_fields(details.get("gap"))})

@@ -14,6 +14,8 @@ from opsctl.host.connection import connect
 from opsctl.drain import last_switch
 from opsctl.releases import ledger_lost_problem, read_state
 from opsctl.startup import last_start
+from opsctl import serving
+from opsctl.serving import ServingDDTree
 
 # --------------------------------------------------------------------------- status / history
 
@@ -26,21 +28,38 @@ def status(inventory: str | Path | Inventory, *, limit: str | None = None) -> li
         try:
             state = read_state(conn, host)
             watch_state = watch.brief(conn, host)
+            cur = state.current_release
+            # what the DDTree runtime serves, from the runtime (issue #50 item 2)
+            runtime = (facts.get(conn, ServingDDTree(str(host.host_python), host.http_port), timeout=30)
+                       if cur is not None and cur.kind == "ddtree" and state.service.get("ActiveState") == "active"
+                       else None)
         finally:
             conn.close()
-        cur = state.current_release
+        intent = serving.intended(cur, state.ledger)
+        active = str(runtime["active"]) if runtime else None
+        budget, schedule = serving.as_budget(active) if active else \
+            ((cur.budget, cur.budget_schedule) if cur else (None, None))
         baseline = state.baseline(host.baseline_profile)
         verdict = state.verdict_for(state.current)  # the live release's own verdict, never another's
         unfinished = state.interrupted_deploy()
         not_ready = state.live_not_ready()  # a rollback (the guard's too) whose release did not start (item 5)
         out.append({
             "host": host.name, "release": state.current, "profile": cur.profile if cur else None,
-            "budget": cur.budget if cur else None, "budget_schedule": cur.budget_schedule if cur else None,
+            # what serves: the runtime's own word (/server_info) when it answers, else the release's
+            "budget": budget, "budget_schedule": schedule,
+            "serving": ({"active": active, "source": "/server_info", "intended": intent,
+                         "matches": serving.same(active, intent), "trial_set": bool(runtime.get("trial_set")),
+                         "last_refusal": runtime.get("last_refusal")} if runtime else None),
+            "release_label": cur.label if cur else None,
             "verify_width": cur.manifest.get("verify_width") if cur else None,
             "unit": host.unit_name,
             "service": state.service.get("ActiveState"), "sub_state": state.service.get("SubState"),
             "since": state.service.get("ActiveEnterTimestamp"), "restarts": state.service.get("NRestarts"),
             "judged": state.judged(state.current) if state.current else None,
+            # why a live release no gate passed is not judged: --no-gate, a tune's trial, a killed deploy
+            "never_judged": (state.never_judged_why(state.current)
+                             if state.current and not state.passed_gate(state.current)
+                             and state.gate_failed(state.current) is None and not state.ledger_lost else None),
             "last_verdict": ({"status": verdict.get("status"), "ts": verdict.get("ts"), "release": verdict.get("release")}
                              if verdict else None),
             "deploy_in_progress_or_interrupted": unfinished is not None,
@@ -65,8 +84,24 @@ def status(inventory: str | Path | Inventory, *, limit: str | None = None) -> li
             "watch": watch_state,
             "rollout": _live_rollout(state),
             "last_switch": last_switch(state.ledger),
+            # the deploy guard's last resort put the live release back (issue #50 item 3)
+            "last_resort": _last_resort(state),
         })
     return out
+
+
+def _last_resort(state) -> dict | None:
+    """The guard's last-resort record that made the live release serve (every fallback failed, so
+    it started again the release that served when it began), while no later record switched."""
+    for rec in reversed(state.ledger):
+        if rec.get("to_release") != state.current or rec.get("switched") is False:
+            continue
+        if rec.get("action") in ("promote", "rollback") or (rec.get("action") == "deploy"
+                                                            and rec.get("result") in ("started", "interrupted")):
+            if rec.get("last_resort") and rec.get("result") == "ok":
+                return {k: rec.get(k) for k in ("ts", "who", "tried", "reason", "from_release")}
+            return None
+    return None
 
 
 def _live_rollout(state) -> str | None:

@@ -220,7 +220,9 @@ def _rollback_chain(conn: Connection, host: HostConfig, state: HostState, target
         restart = False
         info = state.releases[tgt]
         failed = state.gate_failed(tgt) if tgt == target else None
-        forced = {"forced": True, "verdict": failed.get("status")} if failed else {}
+        forced = {"forced": True, "verdict": failed.get("status")} if failed else \
+            {"forced": True, "verdict": None, "never_judged": state.never_judged_why(tgt)} \
+            if tgt == target and needs_force(host, state, tgt) else {}
         base = {"action": "rollback", "from_release": live, "to_release": tgt, "reason": reason,
                 **({"tried": list(tried)} if tried else {}), **forced}
         t0 = steps.start("verify", f"files of {tgt} against its manifest ("
@@ -278,6 +280,17 @@ def _rollback_chain(conn: Connection, host: HostConfig, state: HostState, target
                        f"or deploy again", details={"failed": errors})
 
 
+def needs_force(host: HostConfig, state: HostState, release: str) -> bool:
+    """A release no gate ever passed (a --no-gate deploy's, a tune's trial release, one whose
+    deploy was killed): `rollback --to` it needs --force (issue #50). Not the baseline (the
+    reference every gate compares with, and every fallback chain's last resort), and not while
+    the ledger is lost (nothing is known to be good: the operator picks)."""
+    if state.passed_gate(release) or state.ledger_lost:
+        return False
+    info = state.releases.get(release)
+    return not (info is not None and info.profile == host.baseline_profile)
+
+
 def _rollback_target(host: HostConfig, state: HostState, to: str | None, force: bool = False) -> str:
     target = _named_target(host, state, to)
     failed = state.gate_failed(target)
@@ -285,6 +298,11 @@ def _rollback_target(host: HostConfig, state: HostState, to: str | None, force: 
         why = failed.get("reason") or "; ".join(failed.get("reasons") or []) or "no reason recorded"
         raise ConfigError(f"release {target} on {host.name} failed its gate (verdict {failed.get('status')}, "
                           f"{failed.get('ts') or 'time unknown'}: {why})",
+                          "roll back to a release that passed ('opsctl rollback' picks the last good one), or "
+                          "add --force to serve it anyway (it will not become last good)")
+    if not failed and not force and needs_force(host, state, target):
+        raise ConfigError(f"release {target} on {host.name} was never judged ({state.never_judged_why(target)}): "
+                          f"no gate passed it",
                           "roll back to a release that passed ('opsctl rollback' picks the last good one), or "
                           "add --force to serve it anyway (it will not become last good)")
     return target
@@ -297,6 +315,9 @@ def _named_target(host: HostConfig, state: HostState, to: str | None) -> str:
             raise ConfigError(f"{ledger_lost_problem(host, state)}: no release is known to be good, so there is "
                               f"no default to roll back to", "pick one of them: 'opsctl rollback --to RELEASE' "
                               "(or --to baseline); its record starts a new ledger")
+        if target is None:   # no other judged release: the baseline, as a failed deploy's fallback chain ends
+            base = state.baseline(host.baseline_profile)
+            target = base if base and (base != state.current or state.live_not_ready() is not None) else None
         if target is None:
             raise ConfigError(f"nothing to roll back to on {host.name}: no earlier good release is on the host",
                               "deploy the baseline with 'opsctl deploy " + host.baseline_profile + "'")

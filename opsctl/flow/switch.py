@@ -2,6 +2,7 @@
 unless the deploy is confirmed in time."""
 from __future__ import annotations
 
+import json
 import shlex
 import time
 
@@ -91,11 +92,28 @@ def arm_drain_guard(conn: Connection, host: HostConfig, deadline_s: float) -> No
     (-9, a lost link) between that SIGTERM and the switch would otherwise leave the host serving
     nothing once its requests finished: with it, the old release serves again at most the
     deadline + DRAIN_GUARD_MARGIN_S after the drain began."""
-    unit, svc = drain_guard_unit(host), shlex.quote(host.unit_name)
+    unit = drain_guard_unit(host)
     conn.run(f"systemctl stop {unit}.timer {unit}.service >/dev/null 2>&1; systemctl reset-failed {unit}.timer "
              f"{unit}.service >/dev/null 2>&1; systemd-run --quiet --unit {unit} "
              f"--on-active={int(deadline_s) + DRAIN_GUARD_MARGIN_S}s --timer-property=AccuracySec=1s "
-             f"systemctl restart --no-block {svc}", check=True)
+             f"/bin/sh -c {shlex.quote(drain_guard_script(host, deadline_s))}", check=True)
+
+
+def drain_guard_script(host: HostConfig, deadline_s: float) -> str:
+    """What the drain guard runs on the host: the old release's restart, then its ledger record
+    (`action: restart`, signed `opsctl-drain-guard@<host>`): an outage a controller left behind is
+    in the ledger, as every switch is (issue #50)."""
+    root = str(host.install_root)
+    rec = {"action": "restart", "result": "ok", "host": host.name, "who": f"opsctl-drain-guard@{host.name}",
+           "automatic": True, "reason": f"drain guard: no switch within the drain's deadline ({int(deadline_s)} s) "
+                                        f"+ {DRAIN_GUARD_MARGIN_S} s (the controller was lost): the release that "
+                                        f"was drained started again"}
+    body = json.dumps(rec)[1:-1]   # the record's fields, after the ts and release the host fills in
+    return (f"systemctl restart --no-block {shlex.quote(host.unit_name)}; "
+            f"rel=$(basename \"$(readlink {shlex.quote(root)}/current)\"); "
+            f"printf '{{\"ts\": \"%s\", \"release\": \"%s\", %s}}\\n' "
+            f"\"$(date -u +%Y-%m-%dT%H:%M:%SZ)\" \"$rel\" {shlex.quote(body)} "
+            f"| {shlex.quote(root)}/bin/opsctl-ledger-append {shlex.quote(root)}/ledger.jsonl")
 
 
 def disarm_drain_guard(conn: Connection, host: HostConfig) -> None:

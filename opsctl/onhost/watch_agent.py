@@ -406,12 +406,20 @@ def release_manifests(root: str) -> dict:
     return out
 
 
+def watch_who(cfg: dict) -> str:
+    """How the watch signs its records and the lock: `opsctl-watch@<host>`, the inventory's name of
+    the host (as the guard signs `opsctl-guard@<host>`, and `opsctl status` names it), not the
+    machine's hostname (issue #50)."""
+    return f"opsctl-watch@{cfg.get('host') or socket.gethostname()}"
+
+
 class HostLock:
     """The deploy lock (`<root>/.lock`, flock): a watch rollback never runs beside a deploy,
     and a deploy started meanwhile is refused naming the watch."""
 
-    def __init__(self, root: str, action: str):
+    def __init__(self, root: str, action: str, who: str | None = None):
         self.root, self.action, self.fd = root, action, None
+        self.who = who or f"opsctl-watch@{socket.gethostname()}"
 
     def acquire(self, wait_s: float) -> bool:
         """True with the lock held (release() it in a finally), False when another holds it.
@@ -439,7 +447,7 @@ class HostLock:
         """Who holds the lock, for a refused deploy's message. Best effort: with the disk
         full the rollback still goes ahead (a stale holder is removed, never left naming
         someone else)."""
-        holder = {"who": f"opsctl-watch@{socket.gethostname()}", "pid": os.getpid(), "action": self.action,
+        holder = {"who": self.who, "pid": os.getpid(), "action": self.action,
                   "since": _iso(time.time()), "host_pid": os.getpid()}
         path = os.path.join(self.root, ".lock.holder")
         try:
@@ -630,7 +638,7 @@ class Watch:
         if why:
             reason += "; " + why
         base = baseline_release(manifests, ledger, cfg["baseline_profile"])
-        common = {"host": cfg["host"], "who": f"opsctl-watch@{socket.gethostname()}", "profile": prof.get("name"),
+        common = {"host": cfg["host"], "who": watch_who(cfg), "profile": prof.get("name"),
                   "budget": prof.get("budget"), "automatic": True, "watch": {"breaches": numbers,
                   "window_s": cfg["window_s"], "interval_s": cfg["interval_s"], "mode": cfg["mode"]}}
         if cfg["mode"] != "rollback" or base is None or base == cur:
@@ -653,7 +661,7 @@ class Watch:
             self.state["last"]["note"] = (f"breach, but {free >> 20} MiB free under {self.root}: no switch without "
                                           f"{SWITCH_ROOM >> 20} MiB of room")
             raise OSError(errno.ENOSPC, f"{self.state['last']['note']} (No space left on device)")
-        lock = HostLock(self.root, "watch rollback")
+        lock = HostLock(self.root, "watch rollback", who=watch_who(cfg))
         if not lock.acquire(wait_s=2.0):
             self.state["last"]["note"] = "breach, but the deploy lock is held (a deploy or rollback is running)"
             return

@@ -198,3 +198,43 @@ def test_ctrl_c_during_the_drain_puts_the_host_back_in_the_pool(served, lab_host
     lab_host.run(f"touch {stop_file}")                          # the stream ends with its requests in flight
     reqs = stream.stream_result(lab_host.run, timeout=60)
     assert all(r["ok"] and r["got"] == r["want"] for r in reqs), reqs
+
+
+def test_a_controller_killed_during_the_drain_leaves_the_drain_guards_restart_in_the_ledger(served, lab_host, tmp_path):
+    """Issue #50: kill -9 of the controller while the drain waits for its requests (the server has its
+    SIGTERM, /health answers 503): the host-side drain guard starts the drained release again (the
+    deadline + 15 s after the drain began) and the ledger records that restart."""
+    # no out hook: the SIGTERM comes first; a deadline past the requests' ~8 s: the kill lands while the
+    # drain waits for them
+    inv = drain_inventory(served.inventory_dir, tmp_path / "inv", deadline_s=20, poll_s=0.2)
+    stop_file = "/run/opsctl-lab/stream.stop"
+    lab_host.run(f"rm -f {stop_file}")
+    stream.start(lab_host.run, workers=2, tokens=1500, stop_file=stop_file, duration_s=300)
+    end = time.monotonic() + 10
+    while running(lab_host) < 1 and time.monotonic() < end:
+        time.sleep(0.1)
+    before, n = live(lab_host), len(ledger(lab_host))
+    proc = subprocess.Popen([sys.executable, "-m", "opsctl", "deploy", "ddtree", "--budget", "8", *FAST, "-i",
+                             str(inv)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        end = time.monotonic() + 120
+        while time.monotonic() < end and health_code(lab_host) != 503:   # drained: the SIGTERM is in
+            time.sleep(0.1)
+        assert health_code(lab_host) == 503
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)   # the controller alone, mid-drain
+        proc.wait(30)
+        lab_host.run(f"touch {stop_file}")
+    t0 = time.monotonic()
+    end = t0 + 120
+    while time.monotonic() < end and health_code(lab_host) != 200:
+        time.sleep(0.5)
+    assert health_code(lab_host) == 200 and live(lab_host) == before
+    restarts = [r for r in ledger(lab_host)[n:] if r.get("action") == "restart"]
+    assert len(restarts) == 1, ledger(lab_host)[n:]
+    rec = restarts[0]
+    assert rec["who"] == "opsctl-drain-guard@lab" and rec["release"] == before and rec["automatic"] is True
+    assert rec["result"] == "ok" and "drain guard" in rec["reason"]
+    # killed during the drain, before the deploy's `started` record: nothing but the restart since it began
+    assert [r["action"] for r in ledger(lab_host)[n:]] == ["restart"], ledger(lab_host)[n:]

@@ -71,6 +71,9 @@ class FakeHost(guard.Host):
     def probe(self, since):
         return self.states[current(Path(self.root))]
 
+    def serving_now(self):
+        return self.states.get(current(Path(self.root)), CRASHING)[2] == 200
+
     def sleep(self, seconds):
         pass
 
@@ -369,3 +372,31 @@ def test_a_record_that_did_not_switch_says_nothing_about_what_is_live():
     assert st.judged("a") and st.judged("b") and st.live_not_ready() is None
     before_switch = {"action": "deploy", "result": "failed", "switched": False, "to_release": "c", "from_release": "a"}
     assert logic.last_switch_record(ledger + [before_switch])["to_release"] == "a"
+
+
+# issue #50: when every fallback fails, the release that served when the guard began (it was ready)
+def test_every_fallback_failing_restarts_the_release_that_served_when_the_guard_began(root):
+    args = _args(root, "ddtree-b16-good", "ar-tp8-base")
+    host = FakeHost(args, {"ddtree-b8-new": UP, "ddtree-b16-good": CRASHING, "ar-tp8-base": CRASHING})
+    assert guard.revert(host, args) == 0
+    assert host.switched == ["ddtree-b16-good", "ar-tp8-base", "ddtree-b8-new"] and current(root) == "ddtree-b8-new"
+    last = host.records[-1]
+    assert last["action"] == "rollback" and last["result"] == "ok" and last["last_resort"] is True
+    assert last["to_release"] == "ddtree-b8-new" and last["from_release"] == "ar-tp8-base"
+    assert last["tried"] == ["ddtree-b16-good", "ar-tp8-base"] and "last resort" in last["note"]
+    # a release that was not serving when the guard began is no last resort: the host stays as it is
+    args = _args(root, "ddtree-b16-good", "ar-tp8-base")
+    make_current(root, "ddtree-b8-new")
+    host = FakeHost(args, {"ddtree-b8-new": CRASHING, "ddtree-b16-good": CRASHING, "ar-tp8-base": CRASHING})
+    assert guard.revert(host, args) == 1 and host.switched == ["ddtree-b16-good", "ar-tp8-base"]
+    assert not any(r.get("last_resort") for r in host.records)
+
+
+def test_fallbacks_never_switched_to_leave_the_serving_release_alone_as_the_last_resort(root):
+    args = _args(root, "ddtree-b16-good", "ar-tp8-base")
+    bad = ["sglang.env: sha256 1, the manifest says 2"]
+    host = FakeHost(args, {"ddtree-b8-new": UP}, damaged={"ddtree-b16-good": bad, "ar-tp8-base": bad})
+    assert guard.revert(host, args) == 0
+    assert host.switched == [] and current(root) == "ddtree-b8-new"
+    last = host.records[-1]
+    assert last["last_resort"] is True and last["result"] == "ok" and last["restart"] is False

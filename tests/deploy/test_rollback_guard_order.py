@@ -84,7 +84,8 @@ def test_nothing_to_go_back_to_stops_then_disarms(calls):
 
 def test_manual_rollback_disarms_after_its_switch(calls, monkeypatch):
     info = SimpleNamespace(profile="ar-tp8", budget=None)
-    state = SimpleNamespace(current="ddtree-b16-bad", releases={"ar-tp8-good": info}, gate_failed=lambda r: None)
+    state = SimpleNamespace(current="ddtree-b16-bad", releases={"ar-tp8-good": info}, gate_failed=lambda r: None,
+                            passed_gate=lambda r: True, ledger_lost=False)
     monkeypatch.setattr(promote, "connect", lambda host: SimpleNamespace(close=lambda: None))
     monkeypatch.setattr(promote, "read_state", lambda conn, host: state)
     monkeypatch.setattr(promote, "_rollback_target", lambda host, st, to, force=False: "ar-tp8-good")

@@ -76,3 +76,52 @@ def test_a_live_release_that_never_became_ready_can_be_rolled_back_to_again():
     for to in ("baseline", "ar-tp8-1"):
         with pytest.raises(ConfigError, match="already live"):
             _rollback_target(HOST, state, to)
+
+
+# issue #50: a release no gate passed is not good
+NOGATE = {"action": "promote", "result": "ok", "to_release": "dd-2", "reason": "gates skipped (--no-gate)",
+          "gated": False}
+
+
+def never_judged_state(*recs) -> HostState:
+    rels = {r: ReleaseInfo(r, {"profile": {"name": "ar-tp8" if r.startswith("ar") else "ddtree"}})
+            for r in ("ar-1", "dd-2", "dd-3", "dd-4")}
+    rels["dd-4"] = ReleaseInfo("dd-4", {"profile": {"name": "ddtree", "trial_set": ["4", "8"]}})
+    return HostState(current="dd-3", releases=rels, ledger=[
+        {"action": "promote", "result": "ok", "to_release": "ar-1", "reason": "gates passed"}, NOGATE,
+        {"action": "deploy", "result": "trial", "trial": True, "to_release": "dd-4"},
+        {"action": "promote", "result": "ok", "to_release": "dd-3", "reason": "gates passed"}, *recs])
+
+
+@pytest.mark.parametrize("rid,why", [("dd-2", "deployed with --no-gate"), ("dd-4", "a trial release of opsctl tune")])
+def test_rollback_to_a_never_judged_release_needs_force_and_stays_not_good(rid, why):
+    s = never_judged_state()
+    with pytest.raises(ConfigError) as exc:
+        _rollback_target(HOST, s, rid)
+    assert f"release {rid} on blackwell was never judged ({why})" in exc.value.problem and "--force" in exc.value.fix
+    assert _rollback_target(HOST, s, rid, force=True) == rid
+    assert _rollback_target(HOST, s, None) == "ar-1"      # a plain rollback skips both
+    # served again by a rollback (forced or an older controller's unforced record): still never judged
+    s = never_judged_state({"action": "rollback", "result": "ok", "from_release": "dd-3", "to_release": rid})
+    s.current = rid
+    assert not s.judged(rid) and s.last_good() == "dd-3" and s.good_releases() == ["dd-3", "ar-1"]
+
+
+def test_the_fallback_chain_of_a_deploy_and_the_guard_holds_only_judged_releases():
+    from opsctl.flow.promote import fallback_releases
+
+    s = never_judged_state({"action": "rollback", "result": "ok", "to_release": "dd-4"},
+                           {"action": "rollback", "result": "ok", "to_release": "dd-2"})
+    assert fallback_releases(s, HOST, exclude="dd-5") == ["dd-3", "ar-1"]
+    # the baseline stays the last resort, and `--to` it needs no --force even when it ran no gate
+    s.ledger[0] = {**s.ledger[0], "reason": "gates skipped (--no-gate)", "gated": False}
+    assert fallback_releases(s, HOST, exclude="dd-5") == ["dd-3", "ar-1"]
+    assert _rollback_target(HOST, s, "ar-1") == "ar-1"
+
+
+def test_a_no_gate_promote_of_older_opsctl_is_recognised_by_its_reason_alone():
+    s = never_judged_state()
+    s.ledger[1] = {k: v for k, v in NOGATE.items() if k != "gated"}
+    s.current = "dd-2"
+    assert not s.passed_gate("dd-2") and not s.judged("dd-2") and s.served_ungated("dd-2")
+    assert s.never_judged_why("dd-2") == "deployed with --no-gate" and s.judged("dd-3")

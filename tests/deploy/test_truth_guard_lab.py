@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from truthlab import FAST, ROOT, live, ledger, wait_until, opsctl, status, Controller, back_on_baseline
+from truthlab import FAST, ROOT, live, ledger, health, wait_until, opsctl, status, Controller, back_on_baseline
 
 pytestmark = pytest.mark.lab
 
@@ -25,12 +25,23 @@ def _guard_records(lab, new: str) -> list[dict]:
     return [r for r in recs[start:] if r.get("reason") == "guard-timeout"]
 
 
+_GOOD: dict[str, str] = {}
+
+
 def _good_ddtree(lab) -> str:
-    """A DDTree release made live and the latest good one: the release an earlier test of this module
-    staged (budget 11), deployed again without the gate (a switch and a restart, seconds)."""
-    p = opsctl("deploy", "ddtree", "--budget", "11", "--json", *FAST, inv=lab.inv)
-    assert p.returncode == 0, p.stderr
-    return json.loads(p.stdout.splitlines()[-1])["outcomes"][0]["release"]
+    """A DDTree release made live and the latest good one (budget 11): through its gate the first time
+    (a release no gate passed is never good, issue #50), then put back by a rollback (a switch and a
+    restart, seconds)."""
+    good = _GOOD.get("b11")
+    if good is None or lab.run(f"test -d {ROOT}/releases/{good}", check=False).returncode != 0:
+        p = opsctl("deploy", "ddtree", "--budget", "11", "--json", "--yes", "--skip-checks", inv=lab.inv)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr
+        good = _GOOD["b11"] = json.loads(p.stdout.splitlines()[-1])["outcomes"][0]["release"]
+    elif live(lab)["current"] != good:
+        p = opsctl("rollback", "--to", good, inv=lab.inv)
+        assert p.returncode == 0, p.stderr
+    assert status(lab.inv)["last_good"] == good
+    return good
 
 
 # item 5: the guard's revert is `ok` only once the release it switched to is ready
@@ -86,6 +97,94 @@ def test_a_manual_rollback_whose_target_does_not_start_goes_on_and_says_so(truth
     i = max(k for k, r in enumerate(recs) if r.get("to_release") == good)
     assert recs[i]["result"] == "failed" and recs[-1]["result"] == "ok"
     assert recs[-1]["to_release"] == truth_lab.baseline   # the other good DDTree releases fail the same way
+    back_on_baseline(truth_lab)
+
+
+# issue #50 item 1: a release no gate passed is not good: not last good, --force for `rollback --to`,
+# skipped by a plain rollback and by the guard's chain, "judged": false in status
+def test_a_no_gate_release_is_never_good_and_neither_rollback_nor_the_guard_goes_to_it(truth_lab):
+    good = _good_ddtree(truth_lab)
+    p = opsctl("deploy", "ddtree", "--budget", "9", "--json", *FAST, inv=truth_lab.inv)
+    assert p.returncode == 0, p.stderr
+    nogate = json.loads(p.stdout.splitlines()[-1])["outcomes"][0]["release"]
+    rec = ledger(truth_lab)[-1]
+    assert rec["action"] == "promote" and rec["to_release"] == nogate and rec["gated"] is False, rec
+    st = status(truth_lab.inv)
+    assert st["release"] == nogate and st["judged"] is False and st["never_judged"] == "deployed with --no-gate"
+    assert st["last_good"] == good
+    p = opsctl("status", inv=truth_lab.inv, timeout=60)
+    assert f"{nogate} was never judged (deployed with --no-gate); the last good release is {good}" in p.stdout
+    # the same --no-gate deploy again changes nothing (no restart)
+    pid = live(truth_lab)["pid"]
+    p = opsctl("deploy", "ddtree", "--budget", "9", "--json", *FAST, inv=truth_lab.inv)
+    assert p.returncode == 0 and json.loads(p.stdout.splitlines()[-1])["outcomes"][0]["result"] == "unchanged"
+    assert live(truth_lab)["pid"] == pid
+    # a plain rollback goes to the last release that passed its gate
+    p = opsctl("rollback", inv=truth_lab.inv)
+    assert p.returncode == 0, p.stderr
+    assert live(truth_lab)["current"] == good
+    # --to it: refused in one line, nothing changed; forced: it serves, recorded forced, still not good
+    n = len(ledger(truth_lab))
+    p = opsctl("rollback", "--to", nogate, inv=truth_lab.inv)
+    err = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2 and len(err) == 1, p.stderr
+    assert f"release {nogate} on lab was never judged (deployed with --no-gate)" in err[0] and "--force" in err[0]
+    assert live(truth_lab)["current"] == good and len(ledger(truth_lab)) == n
+    p = opsctl("rollback", "--to", nogate, "--force", inv=truth_lab.inv)
+    assert p.returncode == 0, p.stderr
+    assert "forced: it was never judged (deployed with --no-gate), so it is not last good" in p.stdout + p.stderr
+    rec = ledger(truth_lab)[-1]
+    assert rec["to_release"] == nogate and rec["forced"] is True and rec["never_judged"] == "deployed with --no-gate"
+    st = status(truth_lab.inv)
+    assert st["release"] == nogate and st["judged"] is False and st["last_good"] == good
+    # the guard of a deploy killed after its switch: its chain is the judged release, then the baseline,
+    # never the release that served before the deploy (no gate passed it)
+    with truth_lab.fault("capture_failure", algorithm="DDTREE"):
+        c = Controller("ddtree", "--budget", "13", *FAST, inv=truth_lab.inv)
+        c.kill_at("] ready      ...")
+        back_on_baseline(truth_lab)
+        assert wait_until(lambda: ledger(truth_lab)[-1].get("result") == "ok", 60)
+    started = [r for r in ledger(truth_lab) if r.get("result") == "started"][-1]
+    assert started["from_release"] == nogate and started["fallback"] == good
+    recs = _guard_records(truth_lab, "ddtree-b13-")
+    assert [(r["to_release"], r["result"]) for r in recs] == [(good, "failed"), (truth_lab.baseline, "ok")], recs
+    # a plain rollback from the baseline skips the no-gate release the ledger names more recently
+    p = opsctl("rollback", inv=truth_lab.inv)
+    assert p.returncode == 0, p.stderr
+    assert live(truth_lab)["current"] == good
+    assert opsctl("rollback", "--to", "baseline", inv=truth_lab.inv).returncode == 0
+    back_on_baseline(truth_lab)
+
+
+# issue #50 item 3: every fallback failing, the guard starts again the release that served when it began
+def test_every_fallback_failing_the_guard_restarts_the_release_that_served_and_says_so(truth_lab):
+    good = _good_ddtree(truth_lab)
+    env = f"{ROOT}/releases/{truth_lab.baseline}/sglang.env"
+    c = Controller("ddtree", "--budget", "12", "--yes", "--skip-checks", inv=truth_lab.inv)
+    c.kill_at("] validate   ...")   # the new release started and serves; nobody confirms it
+    new = live(truth_lab)["current"]
+    assert new.startswith("ddtree-b12-") and health(truth_lab) == 200
+    # before the guard fires (15 s): `good` cannot start (the fault hits its 12 draft tokens, not the new
+    # release's 13) and the baseline's files differ from its manifest (never switched to)
+    truth_lab.run(f"cp -p {env} /root/base.env.keep && echo '# edited' >> {env}", check=True)
+    try:
+        with truth_lab.fault("capture_failure", algorithm="DDTREE", num_draft_tokens=12):
+            assert wait_until(lambda: any(r.get("last_resort") for r in ledger(truth_lab)[-3:]), 240, 1), \
+                ledger(truth_lab)[-4:]
+    finally:
+        truth_lab.run(f"mv /root/base.env.keep {env}", check=True)
+    recs = _guard_records(truth_lab, "ddtree-b12-")
+    assert [(r["to_release"], r["result"]) for r in recs] == \
+        [(good, "failed"), (truth_lab.baseline, "failed"), (new, "ok")], recs
+    assert recs[1]["switched"] is False and recs[-1]["last_resort"] is True
+    assert recs[-1]["tried"] == [good, truth_lab.baseline] and recs[-1]["from_release"] == good
+    assert live(truth_lab)["current"] == new and health(truth_lab) == 200
+    st = status(truth_lab.inv)
+    assert st["release"] == new and st["live_not_ready"] is None and st["judged"] is False
+    assert st["last_resort"]["tried"] == [good, truth_lab.baseline] and st["last_good"] == good
+    p = opsctl("status", inv=truth_lab.inv, timeout=60)
+    assert f"{new} serves as the deploy guard's last resort" in p.stdout, p.stdout
+    assert opsctl("rollback", "--to", "baseline", inv=truth_lab.inv).returncode == 0
     back_on_baseline(truth_lab)
 
 

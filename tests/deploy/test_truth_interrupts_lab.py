@@ -63,11 +63,13 @@ def test_rerunning_a_deploy_whose_release_is_live_but_unjudged_judges_it(truth_l
         c = Controller("ddtree", "--budget", "5", *FAST, inv=inv)
         c.kill_at("] ready      ...")
     assert live(truth_lab)["current"].startswith("ddtree-b5-")
-    p = opsctl("deploy", "ddtree", "--budget", "5", "--json", *FAST, inv=inv)
-    assert p.returncode == 0, p.stderr
+    # re-run through the gate: a --no-gate re-run would leave it unjudged (never the last good, issue #50)
+    p = opsctl("deploy", "ddtree", "--budget", "5", "--json", "--yes", "--skip-checks", inv=inv)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr
     out = json.loads(p.stdout.splitlines()[-1])["outcomes"][0]
     assert out["result"] == "promoted"  # not "unchanged"
-    assert "was never judged" in p.stdout + p.stderr
+    assert "was never judged (its deploy was interrupted or killed)" in p.stdout + p.stderr
+    assert status(inv)["judged"] is True and status(inv)["last_good"] == out["release"]
     # the killed deploy's guard was re-armed by this one and disarmed at promote: it never fires
     timer = truth_lab.run("systemctl is-active opsctl-guard-sglang-k26.timer", check=False).stdout.strip()
     assert timer != "active"

@@ -150,3 +150,39 @@ def test_apply_keeps_the_winner_serving_without_a_restart_and_across_a_service_r
     lab.run("systemctl restart sglang-k26", check=True, timeout=120)
     wait_healthy(lab)
     assert ddtree_active(lab) == winner
+
+    # status names what the runtime serves (its /server_info), and check post compares it with what the
+    # release means: the winner its promote record names (issue #50 item 2)
+    from opsctl.serving import as_budget
+
+    st = json.loads(opsctl("status", "--json", inv=inv).stdout)[0]
+    assert st["serving"]["active"] == winner and st["serving"]["matches"] is True, st["serving"]
+    assert (st["budget"], st["budget_schedule"]) == as_budget(winner)
+    assert opsctl("check", "post", inv=inv).returncode == 0
+    control_file = plan["plan"]["control_file"]
+
+    def write_control(candidate: str) -> None:
+        lab.run(f"printf '%s' {shlex.quote(json.dumps({'active': candidate}))} > {control_file}.t && "
+                f"mv {control_file}.t {control_file}", check=True)
+
+    try:
+        # a candidate the runtime did not capture: refused, it keeps serving the winner; status says both
+        write_control("31")
+        assert ddtree_active(lab) == winner
+        st = json.loads(opsctl("status", "--json", inv=inv).stdout)[0]
+        assert st["serving"]["active"] == winner and "31" in (st["serving"]["last_refusal"] or ""), st["serving"]
+        text = opsctl("status", inv=inv).stdout
+        assert f"serving: DDTree {winner} (the runtime's /server_info)" in text and "refused a control file" in text
+        # another captured candidate: it serves, status names it, check post fails naming both
+        other = "4" if winner != "4" else "8"
+        write_control(other)
+        assert ddtree_active(lab) == other
+        st = json.loads(opsctl("status", "--json", inv=inv).stdout)[0]
+        assert st["serving"]["active"] == other and st["serving"]["intended"] == winner
+        assert st["serving"]["matches"] is False and st["budget"] == int(other)
+        p = opsctl("check", "post", inv=inv)
+        assert p.returncode != 0 and "ddtree_serves_what_the_release_means" in p.stdout + p.stderr, p.stdout
+        assert f"the runtime serves DDTree {other}" in p.stdout + p.stderr and f"means {winner}" in p.stdout + p.stderr
+    finally:
+        write_control(winner)
+    assert ddtree_active(lab) == winner

@@ -131,3 +131,35 @@ def test_no_room_means_no_drain_no_switch_and_no_trip(tmp_path, monkeypatch):
     assert e.value.errno == errno.ENOSPC and "No space left on device" in str(e.value)
     assert calls == [] and not w.state.get("tripped") and _lock_is_free(root)
     assert "8 MiB free" in w.state["last"]["note"]
+
+
+def test_a_watch_rollback_is_signed_with_the_inventorys_host_name(tmp_path, monkeypatch):
+    """docs/watch.md: `opsctl-watch@<host>`, the inventory's name (as the guard signs `opsctl-guard@<host>`),
+    in the ledger record and in the lock holder a refused deploy names; not the machine's hostname (#50)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    cfg = {"root": str(root), "unit": "sglang-k26.service", "service": "sglang-k26", "port": 1,
+           "state_dir": str(tmp_path / "state"), "host": "blackwell", "mode": "rollback", "window_s": 60,
+           "interval_s": 15, "baseline_profile": "ar-tp8", "ready_timeout_s": 5, "notify": {}}
+    w = agent.Watch(cfg)
+    w.state["last"] = {}
+    records, holders = [], []
+    real_write = agent.HostLock._write_holder
+
+    def write_holder(self):
+        real_write(self)
+        holders.append(json.loads((root / ".lock.holder").read_text())["who"])
+
+    monkeypatch.setattr(agent.HostLock, "_write_holder", write_holder)
+    monkeypatch.setattr(agent, "drain_server", lambda *a, **k: {"drain_s": 0.0, "inflight_at_start": 0, "aborted": 0})
+    monkeypatch.setattr(agent, "_run", lambda argv, timeout=30, **kw: subprocess.CompletedProcess(argv, 0, "", ""))
+    monkeypatch.setattr(agent.Watch, "wait_ready", lambda self, since, timeout: (1.0, None))
+    monkeypatch.setattr(agent, "append_ledger", lambda r, rec: records.append(rec) or rec)
+    monkeypatch.setattr(agent.socket, "gethostname", lambda: "gpuhost")
+    manifests = {"base-1": {"profile": {"name": "ar-tp8"}, "created_at": "1"},
+                 "dd-2": {"profile": {"name": "ddtree", "budget": 16}, "created_at": "2"}}
+    w.act("dd-2", manifests["dd-2"], manifests, [], [{"rule": "accept_len", "status": "breach", "detail": "1.2 < 2.0"}],
+          0.0)
+    rollback = [r for r in records if r.get("action") == "rollback"]
+    assert rollback and rollback[-1]["who"] == "opsctl-watch@blackwell" and rollback[-1]["host"] == "blackwell"
+    assert holders == ["opsctl-watch@blackwell"]
