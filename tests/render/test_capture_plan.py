@@ -1,0 +1,105 @@
+"""The capture list chosen from the traffic (opsctl/capture_plan.py, issue #51): exact against a
+brute force, the padding rule, the kept sizes, and on the saved journals of real lab runs."""
+from __future__ import annotations
+
+import itertools
+import random
+from pathlib import Path
+
+import pytest
+
+from opsctl import journal
+from opsctl.capture_plan import (LinearForward, choose, default_graph_seconds, graph_seconds_from_journal,
+                                 histogram_from_journal, histogram_from_running, pad, padding_cost)
+from opsctl.onhost.capture import captured_batch_sizes
+
+REPO = Path(__file__).resolve().parents[2]
+JOURNALS = sorted(list((REPO / "tests/diagnose/data").glob("*.journal.txt"))
+                  + list((REPO / "tests/validate/data/lab_journals").glob("*.journal.txt")))
+DEFAULT = captured_batch_sizes(32)
+
+
+def brute(hist, default, width, max_padding, required):
+    """The fewest graphs (then the least padding) by enumeration."""
+    top = max(required)
+    cands = sorted({b for b in hist if b <= top} | set(required))
+    rest = [c for c in cands if c not in required]
+    f = LinearForward()
+    for k in range(0, len(rest) + 1):
+        best = None
+        for extra in itertools.combinations(rest, k):
+            cap = sorted(set(required) | set(extra))
+            cost = padding_cost(hist, cap, width, f)
+            if cost <= max_padding + 1e-12 and (best is None or cost < best[0]):
+                best = (cost, cap)
+        if best:
+            return best[1]
+    return cands
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_choose_is_the_fewest_graphs_within_the_padding_limit(seed):
+    rng = random.Random(seed)
+    hist = {rng.randint(1, 32): rng.choice([1, 5, 40, 200]) for _ in range(rng.randint(1, 9))}
+    width = rng.choice([1, 5, 9, 17, 33])
+    m = rng.choice([0.0, 0.01, 0.03, 0.1])
+    plan = choose(hist, DEFAULT, width, max_padding=m)
+    assert plan.padding_after <= m + 1e-12
+    required = {max(hist)}
+    assert required <= set(plan.chosen)
+    want = brute(hist, DEFAULT, width, m, required)
+    assert len(plan.chosen) == len(want), (hist, width, m, plan.chosen, want)
+    assert plan.padding_after == pytest.approx(padding_cost(hist, want, width, LinearForward()), abs=1e-12)
+
+
+def test_padding_is_the_share_of_decode_time_at_the_padded_batch():
+    # 10 steps at bs 3 padded to 4 (width 17): 10 x 0.52 x 17 ms more than 10 x (9.68 + 0.52 x 51) ms
+    f = LinearForward()
+    hist = {3: 10, 4: 10}
+    exact = 10 * f(3 * 17) + 10 * f(4 * 17)
+    padded = 20 * f(4 * 17)
+    assert padding_cost(hist, [4], 17, f) == pytest.approx((padded - exact) / padded)
+    assert pad(3, [1, 2, 4]) == 4 and pad(5, [1, 2, 4]) is None
+
+
+def test_a_loose_limit_drops_rare_sizes_a_tight_one_keeps_them():
+    hist = {1: 1000, 2: 500, 3: 4, 8: 300}
+    tight = choose(hist, DEFAULT, 17, max_padding=0.0)
+    assert tight.chosen == [1, 2, 3, 8] and tight.padding_after == 0
+    loose = choose(hist, DEFAULT, 17, max_padding=0.03)
+    assert loose.chosen == [1, 2, 8]          # the 4 steps at bs 3 ride bs 8's graph
+    assert 0 < loose.padding_after <= 0.03
+    assert loose.graphs_before == 20 and loose.graphs_after == 3
+    assert loose.capture_s_after == pytest.approx(3 * default_graph_seconds(17, True))
+
+
+def test_levels_and_max_concurrency_stay_captured():
+    hist = {1: 100, 2: 100}
+    plan = choose(hist, DEFAULT, 17, levels=[1, 4, 16], max_concurrency=32)
+    assert {1, 4, 16, 32} <= set(plan.chosen)
+    assert plan.chosen[-1] == 32
+    # traffic past the profile's largest graph: capped there, said so
+    plan = choose({1: 10, 40: 10}, DEFAULT, 17)
+    assert plan.chosen[-1] == 32 and any("without a graph" in n for n in plan.notes)
+
+
+def test_histogram_is_weighted_by_the_decode_log_interval():
+    assert histogram_from_running([1, 1, 2, None, 0], 40) == {1: 80.0, 2: 40.0}
+
+
+@pytest.mark.parametrize("path", JOURNALS, ids=lambda p: p.name)
+def test_on_the_saved_lab_journals(path):
+    parsed = journal.parse(path.read_text())
+    hist = histogram_from_journal(parsed)
+    running = [d.running_reqs for d in parsed.decodes if d.rank == "TP0"]
+    assert sum(hist.values()) == 40 * len(running) and set(hist) == set(running)
+    graph_s, source = graph_seconds_from_journal(parsed, 17, True)
+    assert source == "host" and 6.0 < graph_s < 10.0
+    plan = choose(hist, DEFAULT, 17, graph_s=graph_s, graph_s_source=source, levels=[1, 4, 16], max_concurrency=32)
+    # these runs decode at bs 1, 2, 4 (and 8): every size the traffic uses keeps its graph (padding
+    # any of them costs more than 3 %), the gate's levels and the profile's largest stay
+    assert set(hist) <= set(plan.chosen)
+    assert {1, 4, 16, 32} <= set(plan.chosen)
+    assert plan.graphs_after <= 6 < plan.graphs_before == 20
+    assert plan.padding_after <= 0.03
+    assert plan.capture_s_after < plan.capture_s_before / 3
