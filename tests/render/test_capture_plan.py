@@ -103,3 +103,28 @@ def test_on_the_saved_lab_journals(path):
     assert plan.graphs_after <= 6 < plan.graphs_before == 20
     assert plan.padding_after <= 0.03
     assert plan.capture_s_after < plan.capture_s_before / 3
+
+
+def test_every_consumer_of_the_capture_list_uses_the_chosen_one():
+    from opsctl.config import ConfigError, load_inventory, resolve_profile
+    from opsctl.onhost.analysis import undrafted_of
+    from opsctl.render import render
+
+    prof = resolve_profile("ddtree", budget_schedule="1:16,8:0", cuda_graph_bs=(1, 2, 6, 12, 32))
+    assert prof.captured_batch_sizes == [1, 2, 6, 12, 32]
+    # the schedule's bands by the chosen graphs: bs 7 replays the bs 12 graph, in the budget-0 band
+    assert prof.schedule.band_for(7, prof.captured_batch_sizes).budget == 0
+    # the host side reads the release's manifest (launch.json's profile): the same list, the same bands
+    host = load_inventory(REPO / "inventories/blackwell").hosts["blackwell"]
+    import json
+    doc = json.loads(render(host, host.profile("ddtree", budget_schedule="1:16,8:0",
+                                               cuda_graph_bs=(1, 2, 6, 12, 32))).release_files["launch.json"])["profile"]
+    assert undrafted_of(doc) == [[7, None]]
+    assert undrafted_of({**doc, "cuda_graph_bs": None}) == [[8, None]]   # SGLang's list: bs 7 has its own graph
+    # a band no chosen graph falls in is refused before any host I/O, as with SGLang's own list
+    with pytest.raises(ConfigError):
+        resolve_profile("ddtree", budget_schedule="1:16,3:8,8:0", cuda_graph_bs=(1, 2, 8, 32))
+    with pytest.raises(ConfigError):
+        resolve_profile("ddtree", 16, cuda_graph_bs=(4, 2))
+    with pytest.raises(ConfigError):
+        resolve_profile("ddtree", 16, cuda_graph_bs=(1, 64))
