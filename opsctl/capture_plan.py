@@ -167,17 +167,22 @@ class CapturePlan:
                 "forward": self.forward, "notes": list(self.notes)}
 
     def describe(self) -> list[str]:
-        """before -> after, one line each (render, --dry-run)."""
-        def s(x: float) -> str:
-            m, sec = divmod(int(round(x)), 60)
-            return f"{m} min {sec:02d} s" if m else f"{x:.1f} s"
-        return [f"capture list from the traffic ({self.steps:g} decode steps, padding at most {self.max_padding:.1%}):",
-                f"  graphs captured: {self.graphs_before} -> {self.graphs_after} "
-                f"(bs {' '.join(map(str, self.chosen))})",
-                f"  capture at the site's scale: {s(self.capture_s_before)} -> {s(self.capture_s_after)} "
-                f"({self.graph_s:.2f} s a graph, {self.graph_s_source})",
-                f"  expected padding cost: {self.padding_before:.2%} -> {self.padding_after:.2%} of decode time"] + \
-            [f"  note: {n}" for n in self.notes]
+        return describe(self.as_dict())
+
+
+def _mins(x: float) -> str:
+    m, sec = divmod(int(round(x)), 60)
+    return f"{m} min {sec:02d} s" if m else f"{x:.1f} s"
+
+
+def describe(d: Mapping) -> list[str]:
+    """A plan's before -> after (CapturePlan.as_dict()), one line each (render, deploy --dry-run)."""
+    return [f"capture list from the traffic ({d['steps']:g} decode steps, padding at most {d['max_padding']:.1%}):",
+            f"  graphs captured: {d['graphs_before']} -> {d['graphs_after']} (bs {' '.join(map(str, d['chosen']))})",
+            f"  capture at the site's scale: {_mins(d['capture_s_before'])} -> {_mins(d['capture_s_after'])} "
+            f"({d['graph_s']:.2f} s a graph, {'the host' + chr(39) + 's last start' if d['graph_s_source'] == 'host' else 'the model'})",
+            f"  expected padding cost: {d['padding_before']:.2%} -> {d['padding_after']:.2%} of decode time"] + \
+        [f"  note: {n}" for n in d.get("notes") or ()]
 
 
 class CapturePlanError(ValueError):

@@ -128,3 +128,21 @@ def test_every_consumer_of_the_capture_list_uses_the_chosen_one():
         resolve_profile("ddtree", 16, cuda_graph_bs=(4, 2))
     with pytest.raises(ConfigError):
         resolve_profile("ddtree", 16, cuda_graph_bs=(1, 64))
+
+
+def test_the_flow_chooses_for_a_profile_from_a_journal_window():
+    from opsctl.config import resolve_profile
+    from opsctl.flow.traffic import band_starts, choose_for, journal_since
+
+    assert journal_since("24h") == "-24h" and journal_since("2d") == "-2d"
+    assert journal_since("2026-12-05 04:00") == "2026-12-05 04:00"
+    parsed = journal.parse((REPO / "tests/validate/data/lab_journals/deploy-rollback-tune.journal.txt").read_text())
+    plan = choose_for(resolve_profile("ddtree", 16), parsed, levels=[1, 4, 16])
+    assert plan.chosen == [1, 2, 4, 16, 32] and plan.width == 17 and plan.graph_s_source == "host"
+    # a schedule's bands each keep a graph (else the band never runs: the profile would be refused)
+    sched = resolve_profile("ddtree", budget_schedule="1:16,3:8,12:0")
+    assert band_starts(sched) == [1, 3, 12]
+    plan = choose_for(sched, parsed, levels=[1])
+    assert {1, 3, 12, 32} <= set(plan.chosen)
+    assert resolve_profile("ddtree", budget_schedule="1:16,3:8,12:0", cuda_graph_bs=plan.chosen).captured_batch_sizes \
+        == plan.chosen
