@@ -13,6 +13,7 @@ from opsctl.config import HostConfig, Profile
 from opsctl.errors import ConfigError
 from opsctl.host import facts
 from opsctl.host.connection import Connection
+from opsctl.onhost.capture import autoregressive_decode_batch_sizes, captured_batch_sizes
 
 DEFAULT_SINCE = "24h"
 _RELATIVE = re.compile(r"^(\d+)\s*(s|m|min|h|d|w)$")
@@ -36,7 +37,11 @@ def band_starts(profile: Profile) -> list[int]:
 def choose_for(profile: Profile, parsed, *, levels: list[int], max_padding: float = capture_plan.MAX_PADDING,
                interval: int | None = None) -> capture_plan.CapturePlan:
     """The plan for `profile` from a parsed journal window (pure: the CLI's and the tests' core)."""
-    default = Profile.model_validate({**profile.model_dump(), "cuda_graph_bs": None}).captured_batch_sizes
+    if profile.speculative:
+        default = Profile.model_validate({**profile.model_dump(), "cuda_graph_bs": None}).captured_batch_sizes
+    else:   # SGLang's list without speculation is sparser (1, 2, 4, 8, 12, 16, 24, 32, ...)
+        default = captured_batch_sizes(profile.cuda_graph_max_bs, profile.max_running_requests,
+                                       explicit=autoregressive_decode_batch_sizes(profile.cuda_graph_max_bs))
     width = profile.verify_width
     hist = capture_plan.histogram_from_journal(parsed, interval or profile.decode_log_interval)
     graph_s, source = capture_plan.graph_seconds_from_journal(parsed, width, profile.speculative)

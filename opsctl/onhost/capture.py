@@ -27,6 +27,15 @@ def speculative_decode_batch_sizes(max_bs: int) -> List[int]:
     return bs
 
 
+def autoregressive_decode_batch_sizes(max_bs: int) -> List[int]:
+    """SGLang 0.5.23's generate_decode_cuda_graph_batch_sizes, non-speculative case."""
+    bs = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16)) + list(range(512, max_bs + 1, 32))
+    bs = [b for b in bs if b <= max_bs]
+    if max_bs not in bs:
+        bs.append(max_bs)
+    return bs
+
+
 def captured_batch_sizes(max_bs: int, max_running_requests: Optional[int] = None,
                          explicit: Optional[Sequence[int]] = None) -> List[int]:
     """The decode batch sizes a speculative server captures: the list above (or `explicit`,

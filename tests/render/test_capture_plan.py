@@ -146,3 +146,15 @@ def test_the_flow_chooses_for_a_profile_from_a_journal_window():
     assert {1, 3, 12, 32} <= set(plan.chosen)
     assert resolve_profile("ddtree", budget_schedule="1:16,3:8,12:0", cuda_graph_bs=plan.chosen).captured_batch_sizes \
         == plan.chosen
+
+
+def test_an_autoregressive_profile_starts_from_sglangs_non_speculative_list():
+    from opsctl.config import resolve_profile
+    from opsctl.flow.traffic import choose_for
+
+    parsed = journal.parse((REPO / "tests/validate/data/lab_journals/deploy-rollback-tune.journal.txt").read_text())
+    plan = choose_for(resolve_profile("ar-tp8"), parsed, levels=[1, 4, 8])
+    assert plan.default == [1, 2, 4, 8, 12, 16, 24, 32]      # the lab's AR capture lines: bs=[1, 2, 4, 8, 12, 16, 24, 32]
+    assert plan.width == 1 and plan.chosen == [1, 2, 4, 8, 32]
+    # the journal's last start (ar-tp8): its 8 target decode graphs in 48.6 s on the slowest rank, no drafter
+    assert plan.graph_s == pytest.approx(48.6 / 8) and plan.graph_s_source == "host"
