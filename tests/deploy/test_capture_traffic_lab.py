@@ -45,6 +45,11 @@ def test_deploy_captures_the_traffic_list_and_pads_a_batch_without_a_graph(clean
     assert {1, 4, 8, 32} <= set(chosen)            # the lab's gate levels and the profile's largest stay
     human = ops("deploy", "ddtree", "--budget", "16", "--capture-from-traffic", "--dry-run")
     assert f"graphs captured: 20 -> {len(chosen)}" in human.stdout + human.stderr
+    rc, rendered, err = ops.json("render", "ddtree", "--budget", "16", "--capture-from-traffic")
+    assert rc == 0, err[-2000:]
+    assert rendered["capture_plan"]["chosen"] == chosen
+    i = rendered["argv"].index("--cuda-graph-bs-decode")
+    assert rendered["argv"][i + 1:i + 1 + len(chosen)] == [str(b) for b in chosen]
 
     rc, out, err = ops.json("deploy", "ddtree", "--budget", "16", "--capture-from-traffic", "--yes", "--skip-checks")
     assert rc == 0, err[-3000:]
