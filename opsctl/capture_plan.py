@@ -49,7 +49,8 @@ class LinearForward:
         return self.fixed_ms + self.per_token_ms * tokens
 
     def describe(self) -> str:
-        return f"{self.fixed_ms:g} ms + {self.per_token_ms:g} ms/token"
+        return f"{self.fixed_ms:g} ms + {self.per_token_ms:g} ms/token" + (
+            "" if (self.fixed_ms, self.per_token_ms) == (SITE_FIXED_MS, SITE_PER_TOKEN_MS) else " (the baseline's bench)")
 
 
 def forward_from_model(model) -> Callable[[float], float] | None:
@@ -62,6 +63,21 @@ def forward_from_model(model) -> Callable[[float], float] | None:
         v, _ = model.estimate(tokens)
         return float(v) if v is not None else model.intercept + model.slope * tokens
     return ms
+
+
+def forward_from_baseline(sides) -> LinearForward | None:
+    """The forward line fitted (least squares, opsctl.onhost.diagnosis.ForwardModel) to the
+    baseline's decode steps: an autoregressive step at concurrency C is one forward of C tokens.
+    None with fewer than two levels or no positive slope (then the site's model serves)."""
+    from opsctl.onhost.diagnosis import ForwardModel
+
+    points = [(float(s.concurrency), float(s.step_ms), "baseline") for s in sides if s.step_ms and s.step_ms > 0]
+    if len({p[0] for p in points}) < 2:
+        return None
+    model = ForwardModel(points)
+    if model.slope <= 0 or model.intercept <= 0:
+        return None
+    return LinearForward(round(model.intercept, 3), round(model.slope, 4))
 
 
 def default_graph_seconds(width: int, speculative: bool) -> float:
@@ -181,7 +197,8 @@ def describe(d: Mapping) -> list[str]:
             f"  graphs captured: {d['graphs_before']} -> {d['graphs_after']} (bs {' '.join(map(str, d['chosen']))})",
             f"  capture at the site's scale: {_mins(d['capture_s_before'])} -> {_mins(d['capture_s_after'])} "
             f"({d['graph_s']:.2f} s a graph, {'the host' + chr(39) + 's last start' if d['graph_s_source'] == 'host' else 'the model'})",
-            f"  expected padding cost: {d['padding_before']:.2%} -> {d['padding_after']:.2%} of decode time"] + \
+            f"  expected padding cost: {d['padding_before']:.2%} -> {d['padding_after']:.2%} of decode time"
+            + (f" (forward {d['forward']})" if d.get("forward") else "")] + \
         [f"  note: {n}" for n in d.get("notes") or ()]
 
 

@@ -11,6 +11,7 @@ from opsctl import schedule as schedule_mod
 from opsctl import trialset as trialset_mod
 from opsctl.config import HostConfig, Profile
 from opsctl.errors import ConfigError
+from opsctl.flow.bench import has_baseline, load_baseline
 from opsctl.host import facts
 from opsctl.host.connection import Connection
 from opsctl.onhost.capture import autoregressive_decode_batch_sizes, captured_batch_sizes
@@ -35,7 +36,7 @@ def band_starts(profile: Profile) -> list[int]:
 
 
 def choose_for(profile: Profile, parsed, *, levels: list[int], max_padding: float = capture_plan.MAX_PADDING,
-               interval: int | None = None) -> capture_plan.CapturePlan:
+               interval: int | None = None, forward=None) -> capture_plan.CapturePlan:
     """The plan for `profile` from a parsed journal window (pure: the CLI's and the tests' core)."""
     if profile.speculative:
         default = Profile.model_validate({**profile.model_dump(), "cuda_graph_bs": None}).captured_batch_sizes
@@ -47,6 +48,7 @@ def choose_for(profile: Profile, parsed, *, levels: list[int], max_padding: floa
     graph_s, source = capture_plan.graph_seconds_from_journal(parsed, width, profile.speculative)
     plan = capture_plan.choose(hist, default, width, graph_s=graph_s, graph_s_source=source,
                                speculative=profile.speculative, max_padding=max_padding, levels=levels,
+                               forward=forward,
                                keep=band_starts(profile), max_concurrency=profile.effective_max_concurrency)
     if profile.budget_schedule or profile.trial_set:
         plan.notes.append(f"capture seconds at the widest verify width ({width}); the bands' own widths capture less")
@@ -60,9 +62,15 @@ def capture_from_traffic(conn: Connection, host: HostConfig, profile: Profile, *
 
     entries = facts.get(conn, facts.JournalWindow(host.unit_name, journal_since(since)))
     parsed = journal.parse(entries)
-    levels = list(host.gate_policy(profile).concurrency)
+    policy = host.gate_policy(profile)
+    levels = list(policy.concurrency)
+    forward = None
+    if has_baseline(conn, host, policy):   # the host's own forward, fitted to the baseline's decode steps
+        from opsctl.diagnose import sides_from_run
+
+        forward = capture_plan.forward_from_baseline(sides_from_run(load_baseline(conn, host, policy)))
     try:
-        plan = choose_for(profile, parsed, levels=levels, max_padding=max_padding)
+        plan = choose_for(profile, parsed, levels=levels, max_padding=max_padding, forward=forward)
     except capture_plan.CapturePlanError as exc:
         raise ConfigError(f"--capture-from-traffic: {exc}", "deploy without --capture-from-traffic") from None
     chosen = host.profile(profile.name, None if (profile.budget_schedule or profile.trial_set) else profile.budget,

@@ -43,6 +43,7 @@ def test_deploy_captures_the_traffic_list_and_pads_a_batch_without_a_graph(clean
     assert plan["graphs_after"] == len(chosen) < plan["graphs_before"] == 20
     assert plan["capture_s_after"] < plan["capture_s_before"] and plan["padding_after"] <= 0.03
     assert {1, 4, 8, 32} <= set(chosen)            # the lab's gate levels and the profile's largest stay
+    assert "the baseline's bench" in plan["forward"]   # the host's forward, fitted to its baseline's steps
     human = ops("deploy", "ddtree", "--budget", "16", "--capture-from-traffic", "--dry-run")
     assert f"graphs captured: 20 -> {len(chosen)}" in human.stdout + human.stderr
     rc, rendered, err = ops.json("render", "ddtree", "--budget", "16", "--capture-from-traffic")

@@ -158,3 +158,21 @@ def test_an_autoregressive_profile_starts_from_sglangs_non_speculative_list():
     assert plan.width == 1 and plan.chosen == [1, 2, 4, 8, 32]
     # the journal's last start (ar-tp8): its 8 target decode graphs in 48.6 s on the slowest rank, no drafter
     assert plan.graph_s == pytest.approx(48.6 / 8) and plan.graph_s_source == "host"
+
+
+def test_a_forward_fitted_to_the_baseline_bench():
+    from opsctl.capture_plan import forward_from_baseline
+    from opsctl.onhost.diagnosis import Side
+
+    # the lab's ar-tp8 steps: 9.68 + 0.52 x C ms (and a little noise)
+    sides = [Side(1, 10.25), Side(4, 11.74), Side(8, 13.85), Side(32, 26.3)]
+    f = forward_from_baseline(sides)
+    assert f is not None and f.fixed_ms == pytest.approx(9.68, abs=0.3) and f.per_token_ms == pytest.approx(0.52, abs=0.02)
+    assert "baseline" in f.describe()
+    assert forward_from_baseline([Side(1, 10.2)]) is None                 # one level: no line
+    assert forward_from_baseline([Side(1, 12.0), Side(8, 11.0)]) is None  # no positive slope
+    # a slower-per-token host pads more expensively: a tighter list at the same limit
+    hist = {1: 1000, 2: 500, 3: 60, 8: 300}
+    cheap = choose(hist, DEFAULT, 17, forward=LinearForward(30.0, 0.1))
+    dear = choose(hist, DEFAULT, 17, forward=LinearForward(5.0, 1.0))
+    assert cheap.chosen == [1, 2, 8] and dear.chosen == [1, 2, 3, 8]
