@@ -233,8 +233,14 @@ def choose(histogram: Mapping[int, float], default: Sequence[int], width: int, *
     over = sum(w for b, w in hist.items() if b > top_allowed)
     if over:
         notes.append(f"{over:g} decode steps above batch {top_allowed} run without a graph under either list")
-    if not hist:
-        notes.append("no decode steps in the traffic: only the kept sizes are captured")
+    if not any(b <= top_allowed for b in hist):
+        # nothing to choose from: the window saw no decode (a new host, a window too short) and the
+        # traffic to come is unknown: SGLang's own list stays (no padding anywhere)
+        notes.append("no decode steps in the window at a batch with a graph: SGLang's own list is kept")
+        return CapturePlan(chosen=list(dflt), default=dflt, width=width, graph_s=graph_s, graph_s_source=graph_s_source,
+                           padding_before=0.0, padding_after=0.0, max_padding=max_padding, keep=list(dflt),
+                           steps=sum(hist.values()), forward=getattr(forward, "describe", lambda: "fitted")(),
+                           notes=notes)
     required = sorted({top} | {min(int(k), top_allowed) for k in list(keep) + levels if int(k) > 0})
     required = [r for r in required if r <= top] or [top]
 

@@ -73,6 +73,8 @@ def capture_from_traffic(conn: Connection, host: HostConfig, profile: Profile, *
         plan = choose_for(profile, parsed, levels=levels, max_padding=max_padding, forward=forward)
     except capture_plan.CapturePlanError as exc:
         raise ConfigError(f"--capture-from-traffic: {exc}", "deploy without --capture-from-traffic") from None
+    if plan.chosen == plan.default:   # nothing to leave out: the release stays as it renders without the option
+        return profile, plan
     chosen = host.profile(profile.name, None if (profile.budget_schedule or profile.trial_set) else profile.budget,
                           profile.budget_schedule, trial_set=profile.trial_set, cuda_graph_bs=plan.chosen) \
         if profile.kind == "ddtree" else host.profile(profile.name, cuda_graph_bs=plan.chosen)

@@ -176,3 +176,9 @@ def test_a_forward_fitted_to_the_baseline_bench():
     cheap = choose(hist, DEFAULT, 17, forward=LinearForward(30.0, 0.1))
     dear = choose(hist, DEFAULT, 17, forward=LinearForward(5.0, 1.0))
     assert cheap.chosen == [1, 2, 8] and dear.chosen == [1, 2, 3, 8]
+
+
+def test_a_window_without_decode_steps_keeps_sglangs_list():
+    plan = choose({}, DEFAULT, 17, levels=[1, 4, 8], max_concurrency=32)
+    assert plan.chosen == DEFAULT and plan.graphs_after == plan.graphs_before == 20
+    assert plan.padding_after == 0 and "SGLang's own list is kept" in plan.notes[-1]
