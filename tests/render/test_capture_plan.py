@@ -182,3 +182,43 @@ def test_a_window_without_decode_steps_keeps_sglangs_list():
     plan = choose({}, DEFAULT, 17, levels=[1, 4, 8], max_concurrency=32)
     assert plan.chosen == DEFAULT and plan.graphs_after == plan.graphs_before == 20
     assert plan.padding_after == 0 and "SGLang's own list is kept" in plan.notes[-1]
+
+
+class _Scripted:
+    """A Connection answering journalctl with a saved `-o json` journal; no baseline on the host."""
+
+    name = "lab"
+
+    def __init__(self, journal_json: str):
+        self.journal_json, self.commands = journal_json, []
+
+    def run(self, command, *, check=True, timeout=None, stdin=None, on_stderr_line=None):
+        from opsctl.host.connection import Result
+
+        self.commands.append(command)
+        if command.startswith("journalctl"):
+            return Result(command, 0, self.journal_json + "\n#rc=0\n")
+        return Result(command, 1)      # `test -s <baseline>`: none
+
+    def close(self):
+        pass
+
+
+def test_the_flow_reads_the_window_and_returns_the_profile_with_its_list():
+    import gzip
+
+    from opsctl.config import load_inventory
+    from opsctl.flow.traffic import capture_from_traffic
+
+    host = load_inventory(REPO / "inventories/lab").hosts["lab"]
+    text = gzip.decompress((REPO / "tests/validate/data/lab_journals/deploy-rollback-tune.journal.json.gz")
+                           .read_bytes()).decode()
+    conn = _Scripted(text)
+    prof, plan = capture_from_traffic(conn, host, host.profile("ddtree", 16), since="2d", max_padding=0.01)
+    assert any("--since -2d" in c for c in conn.commands)
+    assert plan.chosen == [1, 2, 4, 8, 32] and plan.max_padding == 0.01       # the lab's levels 1, 4, 8
+    assert prof.cuda_graph_bs == (1, 2, 4, 8, 32) and prof.budget == 16
+    assert plan.forward == "9.68 ms + 0.52 ms/token"                          # no baseline: the site's model
+    # an empty window: nothing chosen, the profile as it was
+    prof, plan = capture_from_traffic(_Scripted(""), host, host.profile("ddtree", 16))
+    assert prof.cuda_graph_bs is None and plan.chosen == plan.default
