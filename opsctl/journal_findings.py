@@ -82,6 +82,11 @@ class LogProfile:
     name: str = "server_args"
     budget_schedule: str | None = None          # the runtime's `DDTree budget schedule:` line
     trial_set: tuple[str, ...] | None = None    # the runtime's `DDTree trial set:` line (its candidates)
+    cuda_graph_bs: tuple[int, ...] | None = None  # --cuda-graph-bs-decode, when the line shows it: a chosen list
+
+    @property
+    def captured_batch_sizes(self) -> list[int]:
+        return sorted(set(self.cuda_graph_bs or ()))
 
     @property
     def schedule(self) -> "schedule_mod.BudgetSchedule | None":
@@ -172,6 +177,18 @@ def _decode_phase(args: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
+def _int_list(value: Any) -> tuple[int, ...] | None:
+    """`[1, 2, 8]` (a list in the line, or its text) -> (1, 2, 8); None for anything else."""
+    if isinstance(value, str):
+        value = [x for x in re.split(r"[\s,\[\]()]+", value) if x]
+    if not isinstance(value, (list, tuple)) or not value:
+        return None
+    try:
+        return tuple(int(v) for v in value)
+    except (TypeError, ValueError):
+        return None
+
+
 def _algorithm(value: Any) -> str | None:
     if value is None:
         return None
@@ -214,7 +231,7 @@ def expectations_from_log(parsed: ParsedJournal, *, max_concurrency: int | None 
                       kind=kind, algorithm=algo, num_draft_tokens=draft if kind != "autoregressive" else None,
                       tp_size=_int(args.get("tp_size")), cuda_graph_max_bs=max_bs, cuda_graph_max_bs_from=max_bs_from,
                       decode_graphs_disabled=disabled, max_concurrency=max_concurrency, line_no=sa.line.line_no,
-                      spelling=sa.spelling)
+                      spelling=sa.spelling, cuda_graph_bs=_int_list(args.get("cuda_graph_bs_decode")))
 
 
 # --------------------------------------------------------------------------- helpers
