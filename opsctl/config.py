@@ -78,6 +78,10 @@ class Profile(_Strict):
     attention_backend: str = "flashinfer"
     mem_fraction_static: float = Field(0.85, gt=0, lt=1)
     cuda_graph_max_bs: int = Field(32, ge=1, description="largest decode batch captured in a CUDA graph")
+    cuda_graph_bs: tuple[int, ...] | None = Field(None, description="the decode batch sizes captured, explicitly "
+                                                  "(--cuda-graph-bs-decode; opsctl deploy --capture-from-traffic "
+                                                  "chooses one): increasing, each at most cuda_graph_max_bs; None: "
+                                                  "SGLang's own list up to cuda_graph_max_bs")
     max_running_requests: int | None = Field(None, ge=1)
     max_concurrency: int | None = Field(None, ge=1, description="concurrency the site serves; graphs must cover it")
     decode_log_interval: int = Field(40, ge=1)
@@ -126,6 +130,13 @@ class Profile(_Strict):
             if self.budget != largest:
                 raise ValueError(f"profile {self.name}: budget {self.budget} is not the trial set's largest "
                                  f"({largest}); the server is sized for the widest width")
+        if self.cuda_graph_bs is not None:
+            bs = list(self.cuda_graph_bs)
+            if not bs or bs != sorted(set(bs)) or bs[0] < 1:
+                raise ValueError(f"profile {self.name}: cuda_graph_bs {bs} is not an increasing list of batch sizes >= 1")
+            if bs[-1] > self.cuda_graph_max_bs:
+                raise ValueError(f"profile {self.name}: cuda_graph_bs reaches {bs[-1]}, past cuda_graph_max_bs "
+                                 f"{self.cuda_graph_max_bs}")
         if self.kind == "autoregressive" and self.accept_len_floor is not None:
             raise ValueError(f"profile {self.name}: accept_len_floor only applies to speculative profiles "
                              "(an autoregressive server reports no accept length)")
@@ -151,7 +162,8 @@ class Profile(_Strict):
 
     @property
     def captured_batch_sizes(self) -> list[int]:
-        return schedule_mod.captured_batch_sizes(self.cuda_graph_max_bs, self.max_running_requests)
+        return schedule_mod.captured_batch_sizes(self.cuda_graph_max_bs, self.max_running_requests,
+                                                 explicit=self.cuda_graph_bs)
 
     @property
     def schedule_bands(self) -> list[str] | None:
@@ -599,9 +611,10 @@ class HostConfig(_Strict):
                           self.settings.watch.rules_of(fields["name"]).model_dump(mode="json"), deploy=True)
 
     def profile(self, name: str, budget: int | None = None, budget_schedule: str | None = None, *,
-                trial_set: list[str] | tuple[str, ...] | None = None) -> Profile:
+                trial_set: list[str] | tuple[str, ...] | None = None,
+                cuda_graph_bs: list[int] | tuple[int, ...] | None = None) -> Profile:
         profile = resolve_profile(name, budget, overrides=self.settings.profiles, budget_schedule=budget_schedule,
-                                  trial_set=trial_set)
+                                  trial_set=trial_set, cuda_graph_bs=cuda_graph_bs)
         if profile.tp_size > self.gpu.count:  # hosts of a fleet differ (host_vars): refused before any host I/O
             raise ConfigError(f"profile {profile.label} runs tensor-parallel over {profile.tp_size} GPUs; host "
                               f"{self.name} has opsctl.gpu.count {self.gpu.count}",
@@ -656,9 +669,11 @@ def profile_names(overrides: dict[str, dict[str, Any]] | None = None) -> list[st
 def resolve_profile(name: str, budget: int | None = None, *,
                     overrides: dict[str, dict[str, Any]] | None = None,
                     budget_schedule: str | None = None,
-                    trial_set: list[str] | tuple[str, ...] | None = None) -> Profile:
+                    trial_set: list[str] | tuple[str, ...] | None = None,
+                    cuda_graph_bs: list[int] | tuple[int, ...] | None = None) -> Profile:
     """Built-in profile `name`, with the inventory's overrides and the CLI budget (or
-    budget schedule, or trial set: opsctl tune's candidates captured at one start) applied. A
+    budget schedule, or trial set: opsctl tune's candidates captured at one start) applied, and
+    an explicit capture list (`cuda_graph_bs`: --capture-from-traffic's choice) over the profile's. A
     schedule is checked against the batch sizes the server will capture, so a band that could
     never run is refused here, before any host I/O."""
     overrides = overrides or {}
@@ -724,6 +739,8 @@ def resolve_profile(name: str, budget: int | None = None, *,
                               f"2 x (budget + 1) = {2 * (budget + 1)} KV slots per request and step and the "
                               f"block needs {block}", f"use a budget of at least {(block + 1) // 2 - 1}")
         data["budget"] = budget
+    if cuda_graph_bs is not None:
+        data["cuda_graph_bs"] = tuple(int(b) for b in cuda_graph_bs)
     try:
         prof = Profile(**data)
     except ValidationError as exc:

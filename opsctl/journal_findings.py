@@ -82,6 +82,11 @@ class LogProfile:
     name: str = "server_args"
     budget_schedule: str | None = None          # the runtime's `DDTree budget schedule:` line
     trial_set: tuple[str, ...] | None = None    # the runtime's `DDTree trial set:` line (its candidates)
+    cuda_graph_bs: tuple[int, ...] | None = None  # --cuda-graph-bs-decode, when the line shows it: a chosen list
+
+    @property
+    def captured_batch_sizes(self) -> list[int]:
+        return sorted(set(self.cuda_graph_bs or ()))
 
     @property
     def schedule(self) -> "schedule_mod.BudgetSchedule | None":
@@ -172,6 +177,18 @@ def _decode_phase(args: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
+def _int_list(value: Any) -> tuple[int, ...] | None:
+    """`[1, 2, 8]` (a list in the line, or its text) -> (1, 2, 8); None for anything else."""
+    if isinstance(value, str):
+        value = [x for x in re.split(r"[\s,\[\]()]+", value) if x]
+    if not isinstance(value, (list, tuple)) or not value:
+        return None
+    try:
+        return tuple(int(v) for v in value)
+    except (TypeError, ValueError):
+        return None
+
+
 def _algorithm(value: Any) -> str | None:
     if value is None:
         return None
@@ -214,7 +231,7 @@ def expectations_from_log(parsed: ParsedJournal, *, max_concurrency: int | None 
                       kind=kind, algorithm=algo, num_draft_tokens=draft if kind != "autoregressive" else None,
                       tp_size=_int(args.get("tp_size")), cuda_graph_max_bs=max_bs, cuda_graph_max_bs_from=max_bs_from,
                       decode_graphs_disabled=disabled, max_concurrency=max_concurrency, line_no=sa.line.line_no,
-                      spelling=sa.spelling)
+                      spelling=sa.spelling, cuda_graph_bs=_int_list(args.get("cuda_graph_bs_decode")))
 
 
 # --------------------------------------------------------------------------- helpers
@@ -317,6 +334,8 @@ def validate_startup(parsed: ParsedJournal, profile: ProfileLike) -> list[Findin
                 _check_complete(captures),
                 *widths,
                 _check_batch_coverage(captures, profile)]
+    if getattr(profile, "cuda_graph_bs", None):
+        findings.append(_check_batch_list(captures, profile))
     findings += _check_failures(parsed)
     findings.append(_check_restarts(parsed))
     findings += _report_memory_and_time(captures, parsed)
@@ -475,6 +494,36 @@ def _check_batch_coverage(captures: list[Capture], profile: ProfileLike) -> Find
                        details=details)
     return Finding(check=check, ok=True,
                    diagnosis=f"captured batch sizes reach {covered}, covering max concurrency {need}",
+                   details=details)
+
+
+def _check_batch_list(captures: list[Capture], profile: ProfileLike) -> Finding:
+    """A profile with an explicit capture list (cuda_graph_bs, --capture-from-traffic): every
+    rank's target graphs captured exactly those batch sizes (SGLang 0.5.23 takes the list as it
+    is, clamped to --max-running-requests)."""
+    check = "capture.batch_list"
+    want = list(profile.captured_batch_sizes)  # type: ignore[attr-defined]
+    targets = [c for c in _target_captures(captures, profile) if c.complete]
+    per_rank: dict[str, set[int]] = {}
+    for c in targets:
+        if c.bs:
+            per_rank.setdefault(c.rank, set()).update(c.bs)
+    details: dict = {"want": want, "per_rank": {_rank(r): sorted(v) for r, v in per_rank.items()}}
+    if not per_rank:
+        return Finding(check=check, ok=False, diagnosis="no completed target capture line with a bs=[...] list: "
+                                                        f"cannot show the chosen batch sizes {want} were captured",
+                       fix="see capture.expected_graphs and capture.complete", details=details)
+    wrong = {r: sorted(v) for r, v in per_rank.items() if sorted(v) != want}
+    if wrong:
+        r, got = next(iter(wrong.items()))
+        extra, missing = sorted(set(got) - set(want)), sorted(set(want) - set(got))
+        return Finding(check=check, ok=False,
+                       diagnosis=f"{_rank(r)} captured bs {got}, the profile's cuda_graph_bs is {want}"
+                                 + (f" (missing {missing})" if missing else "") + (f" (extra {extra})" if extra else ""),
+                       fix="check the unit's --cuda-graph-bs-decode (opsctl render) and SGLang's own clamps "
+                           "(--max-running-requests, attention-TP alignment)", details=details)
+    return Finding(check=check, ok=True,
+                   diagnosis=f"captured exactly the chosen batch sizes {_ranges(want)} on {len(per_rank)} rank(s)",
                    details=details)
 
 

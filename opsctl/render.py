@@ -102,7 +102,11 @@ def server_argv(host: HostConfig, profile: Profile) -> list[str]:
         argv += ["--ep-size", str(profile.ep_size)]
     argv += ["--mem-fraction-static", f"{profile.mem_fraction_static:g}",
              "--attention-backend", profile.attention_backend,
-             "--cuda-graph-max-bs-decode", str(profile.cuda_graph_max_bs)]
+             "--cuda-graph-max-bs-decode", str(max(profile.cuda_graph_bs) if profile.cuda_graph_bs
+                                               else profile.cuda_graph_max_bs)]
+    if profile.cuda_graph_bs:
+        # the decode batch sizes captured, as chosen (SGLang 0.5.23: nargs="+"; its max_bs becomes the largest)
+        argv += ["--cuda-graph-bs-decode", *(str(b) for b in profile.cuda_graph_bs)]
     if profile.max_running_requests:
         argv += ["--max-running-requests", str(profile.max_running_requests)]
     if profile.kind == "dflash":
@@ -167,6 +171,8 @@ def render(host: HostConfig, profile: Profile) -> Rendered:
         profile_doc.pop("tree_torch_fallback")
     if profile.trial_set is None:
         profile_doc.pop("trial_set")
+    if profile.cuda_graph_bs is None:   # keep renders without a chosen list (and their release ids) as they were
+        profile_doc.pop("cuda_graph_bs")
     launch = {
         "profile": profile_doc, "verify_width": profile.verify_width,
         "argv": argv, "env": env, "service": host.unit_name, "model": host.model.model_dump(mode="json"),

@@ -18,6 +18,21 @@ INVENTORY_HELP = ("Inventory directory (Ansible layout: hosts.yml, group_vars/, 
 InventoryOpt = typer.Option(None, "--inventory", "-i", envvar="OPSCTL_INVENTORY", help=INVENTORY_HELP,
                             show_default=False)
 LimitOpt = typer.Option(None, "--limit", "-l", help="Act on this host or group only (comma-separated).")
+CaptureFromTrafficOpt = typer.Option(
+    False, "--capture-from-traffic", help="Capture only the decode batch sizes the host's traffic uses (its journal's "
+    "'Decode batch' lines over --traffic-since), the gate's levels and the largest batch needed: the fewest CUDA "
+    "graphs whose padding costs at most --max-padding of decode time; rendered as --cuda-graph-bs-decode.")
+TrafficSinceOpt = typer.Option("24h", "--traffic-since", metavar="WINDOW",
+                               help="The traffic window for --capture-from-traffic: 24h, 90m, 2d, or a journalctl "
+                               "--since time.")
+MaxPaddingOpt = typer.Option(0.03, "--max-padding", metavar="SHARE", min=0.0, max=0.5,
+                             help="--capture-from-traffic: the most of decode time padding may cost (0.03: 3 %).")
+
+
+def capture_options(on: bool, since: str, max_padding: float) -> dict | None:
+    return {"since": since, "max_padding": max_padding} if on else None
+
+
 JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON on stdout (human text goes to stderr).")
 BudgetOpt = typer.Option(None, "--budget", "-b", help="DDTree node budget N (>= 1); the verify width is N + 1. "
                          "Only for the ddtree profile.", show_default=False)

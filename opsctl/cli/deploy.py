@@ -167,6 +167,9 @@ def register(app: typer.Typer) -> None:
                                             "the host against its sha256 manifest (default: sizes and sampled "
                                             "hashes); files that differ are re-sent."),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Show every ansible task, not only changes."),
+        capture_from_traffic: bool = _common.CaptureFromTrafficOpt,
+        traffic_since: str = _common.TrafficSinceOpt,
+        max_padding: float = _common.MaxPaddingOpt,
         json_out: bool = _common.JsonOpt,
     ) -> None:
         """Deploy PROFILE as a new release: plan, stage, switch, wait until ready, validate the
@@ -195,6 +198,8 @@ def register(app: typer.Typer) -> None:
 
           opsctl deploy ddtree --budget-schedule 1:16,3:4,16:0 -i inventories/lab --yes
 
+          opsctl deploy ddtree --budget 16 --capture-from-traffic --dry-run -i inventories/lab
+
           OPSCTL_INVENTORY=inventories/blackwell opsctl deploy ddtree --budget 16
         """
         from opsctl.flow import deploy as core
@@ -214,11 +219,18 @@ def register(app: typer.Typer) -> None:
 
         outcomes = core.deploy(_common.inventory(inventory), profile, budget, budget_schedule=budget_schedule, limit=limit, dry_run=dry_run,
                                gates=not no_gate, pre_checks=not skip_checks, progress=printer, confirm=confirm,
-                               verify_weights=verify_weights)
+                               verify_weights=verify_weights,
+                               capture_from_traffic=_common.capture_options(capture_from_traffic, traffic_since,
+                                                                            max_padding))
         if json_out:
             _output.emit_json({"ok": True, "outcomes": [o.as_dict() for o in outcomes]})
             return
         for o in outcomes:
+            if o.details.get("capture_plan"):
+                from opsctl.capture_plan import describe
+
+                for line in describe(o.details["capture_plan"]):
+                    _output.info(f"[{o.host}] {line}")
             if o.result == "dry-run":
                 _print_plan(o.plan)
                 if o.details.get("wave"):

@@ -75,12 +75,23 @@ class _HostRun:
 def deploy(inventory: str | Path | Inventory, profile_name: str, budget: int | None = None, *,
            budget_schedule: str | None = None, limit: str | None = None, dry_run: bool = False, gates: bool = True, pre_checks: bool = True,
            progress: Progress | None = None, confirm: Callable[[Plan], bool] | None = None,
-           verify_weights: bool = False) -> list[DeployOutcome]:
+           verify_weights: bool = False, capture_from_traffic: dict | None = None) -> list[DeployOutcome]:
     """Deploy PROFILE to the selected hosts in the inventory's rollout waves (`opsctl.rollout`;
-    by default one host after another), stopping at the first failed wave."""
+    by default one host after another), stopping at the first failed wave.
+
+    `capture_from_traffic` ({"since": "24h", "max_padding": 0.03}): each host's profile captures
+    the batch sizes its own traffic uses (opsctl.flow.traffic), read before anything changes; the
+    plan is in each outcome's `capture_plan`."""
     inv = as_inventory(inventory)
     hosts = inv.select(limit)
     profiles = {h.name: h.profile(profile_name, budget, budget_schedule) for h in hosts}  # all bad input before any host I/O
+    capture_plans: dict[str, dict] = {}
+    if capture_from_traffic is not None:
+        from opsctl.flow.traffic import capture_from_host
+
+        for h in hosts:   # reads only: every host's journal before any host changes
+            profiles[h.name], cplan = capture_from_host(h, profiles[h.name], **capture_from_traffic)
+            capture_plans[h.name] = cplan.as_dict()
     if gates and not dry_run:
         from opsctl.gate.workloads import WorkloadSet
 
@@ -89,8 +100,12 @@ def deploy(inventory: str | Path | Inventory, profile_name: str, budget: int | N
     policy = rollout_policy(hosts)
     waves = plan_waves(hosts, policy, list(inv.hosts))
     with BRAKE.engaged(on_note=lambda m: (progress or noop)({"event": "note", "host": "opsctl", "message": m})):
-        return _deploy_hosts(inv, hosts, profiles, waves, policy, dry_run=dry_run, gates=gates, pre_checks=pre_checks,
-                             progress=progress, confirm=confirm, verify_weights=verify_weights)
+        outcomes = _deploy_hosts(inv, hosts, profiles, waves, policy, dry_run=dry_run, gates=gates,
+                                 pre_checks=pre_checks, progress=progress, confirm=confirm, verify_weights=verify_weights)
+    for o in outcomes:
+        if o.host in capture_plans:
+            o.details["capture_plan"] = capture_plans[o.host]
+    return outcomes
 
 
 def deploy_one(inv: Inventory, host: HostConfig, profile: Profile, *, dry_run: bool, gates: bool, pre_checks: bool,

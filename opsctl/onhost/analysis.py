@@ -36,7 +36,7 @@ import statistics
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Dict, List, Mapping, Optional
 
-from .capture import BatchRange, captured_batch_sizes, in_ranges, parse_bands, undrafted_batches
+from .capture import BatchRange, in_ranges, parse_bands, profile_captured_batch_sizes, undrafted_batches
 
 SCHEMA = "opsctl.analysis/1"
 BASELINE_KIND = "autoregressive"   # the kind a baseline is; a release of it is held to no regression
@@ -227,8 +227,7 @@ def undrafted_of(profile: Mapping[str, Any]) -> Optional[List[BatchRange]]:
     sched = profile.get("budget_schedule")
     if not sched:
         return None
-    capture = captured_batch_sizes(int(profile.get("cuda_graph_max_bs") or DEFAULT_CUDA_GRAPH_MAX_BS),
-                                   profile.get("max_running_requests"))
+    capture = profile_captured_batch_sizes(profile, DEFAULT_CUDA_GRAPH_MAX_BS)
     return undrafted_batches(parse_bands(sched), capture)
 
 

@@ -10,7 +10,7 @@ Standard library only (Python >= 3.8): this module runs on the host.
 from __future__ import annotations
 
 import bisect
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 Band = Tuple[int, int]                 # (smallest running batch, node budget)
 BatchRange = List[Optional[int]]       # [lo, hi]; hi None: every larger batch
@@ -27,16 +27,34 @@ def speculative_decode_batch_sizes(max_bs: int) -> List[int]:
     return bs
 
 
-def captured_batch_sizes(max_bs: int, max_running_requests: Optional[int] = None) -> List[int]:
-    """The decode batch sizes a speculative server captures: the list above, clamped to
-    --max-running-requests as get_batch_sizes_to_capture does (that size is added when the
-    list goes past it)."""
-    bs = speculative_decode_batch_sizes(max_bs)
+def autoregressive_decode_batch_sizes(max_bs: int) -> List[int]:
+    """SGLang 0.5.23's generate_decode_cuda_graph_batch_sizes, non-speculative case."""
+    bs = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16)) + list(range(512, max_bs + 1, 32))
+    bs = [b for b in bs if b <= max_bs]
+    if max_bs not in bs:
+        bs.append(max_bs)
+    return bs
+
+
+def captured_batch_sizes(max_bs: int, max_running_requests: Optional[int] = None,
+                         explicit: Optional[Sequence[int]] = None) -> List[int]:
+    """The decode batch sizes a speculative server captures: the list above (or `explicit`,
+    --cuda-graph-bs-decode, which SGLang 0.5.23 takes as it is: memory_hook then sets max_bs to
+    its largest), clamped to --max-running-requests as get_batch_sizes_to_capture does (that
+    size is added when the list goes past it)."""
+    bs = sorted(set(int(b) for b in explicit)) if explicit else speculative_decode_batch_sizes(max_bs)
     if max_running_requests:
         if max(bs) > max_running_requests:
             bs.append(max_running_requests)
         bs = [b for b in bs if b <= max_running_requests]
     return sorted(set(bs))
+
+
+def profile_captured_batch_sizes(profile: "Mapping[str, Any]", default_max_bs: int = 32) -> List[int]:
+    """The capture list of a profile's fields (config.Profile's dump or a manifest's `profile`):
+    its explicit `cuda_graph_bs` when set, else SGLang's list up to `cuda_graph_max_bs`."""
+    return captured_batch_sizes(int(profile.get("cuda_graph_max_bs") or default_max_bs),
+                                profile.get("max_running_requests"), explicit=profile.get("cuda_graph_bs") or None)
 
 
 def pad_to_captured(batch: int, capture_bs: Optional[Sequence[int]]) -> int:

@@ -20,6 +20,8 @@ CASES = [("blackwell", "ar-tp8", None), ("blackwell", "ar-ep8", None), ("blackwe
          # tune's trial releases (issue #37): every candidate captured at one start (tuple)
          ("lab", "ddtree", ("4", "8", "16", "1:16,6:0", "1:8,6:0")),
          ("blackwell", "ddtree", ("8", "16", "32", "1:32,3:16,10:0"))]
+# an explicit capture list (issue #51: --capture-from-traffic's choice): (inventory, profile, budget, list)
+CAPTURE_CASES = [("blackwell", "ddtree", 16, (1, 2, 4, 9, 16, 32)), ("lab", "ar-tp8", None, (1, 3, 8))]
 
 
 def _profile(host, prof, budget):
@@ -46,6 +48,31 @@ def test_rendered_files_match_golden(case):
     rendered = render(host, _profile(host, prof, budget))
     out = {**rendered.release_files, "argv.json": json.dumps(rendered.argv, indent=1) + "\n"}
     gdir = GOLDEN / _case_id(case)
+    if os.environ.get("OPSCTL_UPDATE_GOLDEN"):
+        gdir.mkdir(parents=True, exist_ok=True)
+        for name, text in out.items():
+            (gdir / name).write_text(text)
+    expected = {p.name: p.read_text() for p in gdir.iterdir()}
+    assert set(expected) == set(out)
+    for name in out:
+        assert out[name] == expected[name], f"{name} differs from {gdir / name}"
+
+
+@pytest.mark.parametrize("case", CAPTURE_CASES, ids=lambda c: f"{c[0]}-{c[1]}" + (f"-b{c[2]}" if c[2] else "")
+                         + "-bs" + "-".join(map(str, c[3])))
+def test_rendered_capture_list_matches_golden(case):
+    inv_name, prof, budget, bs = case
+    host = next(iter(load_inventory(REPO / "inventories" / inv_name).hosts.values()))
+    profile = host.profile(prof, budget, cuda_graph_bs=bs)
+    rendered = render(host, profile)
+    argv = rendered.argv
+    i = argv.index("--cuda-graph-bs-decode")
+    assert argv[i + 1:i + 1 + len(bs)] == [str(b) for b in bs]
+    assert argv[argv.index("--cuda-graph-max-bs-decode") + 1] == str(max(bs))
+    assert profile.captured_batch_sizes == list(bs)
+    assert json.loads(rendered.release_files["launch.json"])["profile"]["cuda_graph_bs"] == list(bs)
+    out = {**rendered.release_files, "argv.json": json.dumps(rendered.argv, indent=1) + "\n"}
+    gdir = GOLDEN / (f"{inv_name}-{prof}" + (f"-b{budget}" if budget else "") + "-bs" + "-".join(map(str, bs)))
     if os.environ.get("OPSCTL_UPDATE_GOLDEN"):
         gdir.mkdir(parents=True, exist_ok=True)
         for name, text in out.items():

@@ -71,3 +71,18 @@ def test_sglang_parser_rejects_a_flag_it_does_not_know():
     """Guards the test above: a flag removed in 0.5.23 must fail."""
     result = parse_with_sglang(["--model-path", "/m", "--cuda-graph-max-bs", "32"])
     assert not result["ok"]
+
+
+def test_rendered_capture_list_is_parsed_as_the_decode_batch_sizes():
+    """--cuda-graph-bs-decode b1 b2 ... (nargs '+', ints): what --capture-from-traffic renders (issue #51)."""
+    host = load_inventory(REPO / "inventories/blackwell").hosts["blackwell"]
+    rendered = render(host, host.profile("ddtree", 16, cuda_graph_bs=(1, 2, 4, 9, 16, 32)))
+    proc = subprocess.run([str(SGLANG_PY), "-c", PARSE.replace(
+        "if isinstance(v, (int, float, str, bool, type(None)))", "if isinstance(v, (int, float, str, bool, list, type(None)))")],
+        input=json.dumps(rendered.argv[3:]), capture_output=True, text=True, timeout=300, env=None)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["ok"], result
+    assert result["args"]["cuda_graph_bs_decode"] == [1, 2, 4, 9, 16, 32]
+    assert result["args"]["cuda_graph_max_bs_decode"] == 32
+    assert result["args"]["speculative_num_draft_tokens"] == 17

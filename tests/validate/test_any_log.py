@@ -328,3 +328,22 @@ def test_ready_line_has_one_definition_in_journal():
                             "[2026-05-30 00:21:51 TP0] Scheduler hit an exception: Traceback (most recent call last):",
                             REPLAY_ERROR])
     assert len(parsed.ready) == 1 and [f.after_ready for f in parsed.failures] == [True]
+
+
+def test_a_chosen_capture_list_in_the_logs_server_args_is_checked():
+    """issue #51: a server started with --cuda-graph-bs-decode 1 2 4 8 16 (the 0.5.23 dict line) is held
+    to exactly that list by `validate --from-file` without a profile."""
+    line = SA_0523.replace("'cuda_graph_max_bs_decode': None", "'cuda_graph_max_bs_decode': 16, "
+                           "'cuda_graph_bs_decode': [1, 2, 4, 8, 16]")
+    exp = expectations_from_log(journal.parse([line]))
+    assert exp.cuda_graph_bs == (1, 2, 4, 8, 16) and exp.captured_batch_sizes == [1, 2, 4, 8, 16]
+    good = [line] + healthy("target verify", 8, ranks=4, bs=(1, 2, 4, 8, 16))
+    assert by_check(validate_startup(journal.parse(good), exp))["capture.batch_list"].ok
+    bad = [line] + healthy("target verify", 8, ranks=4, bs=(1, 2, 4, 8, 12, 16))
+    f = by_check(validate_startup(journal.parse(bad), exp))["capture.batch_list"]
+    assert not f.ok and "extra [12]" in f.diagnosis
+    # SGLang's own list (no cuda_graph_bs_decode): no such check
+    plain = expectations_from_log(journal.parse([SA_0523]))
+    assert plain.cuda_graph_bs is None
+    sglangs = [SA_0523] + healthy("target verify", 8, ranks=4, bs=(1, 2, 4, 8, 12, 16))
+    assert "capture.batch_list" not in by_check(validate_startup(journal.parse(sglangs), plain))

@@ -309,3 +309,17 @@ def test_lab_emulator_capture_failure_fault(profile):
                         require_decode=False)
     assert {"capture.complete", "startup.capture_failed", "startup.cuda_oom", "startup.errors"} <= failed(findings)
     assert "CUDA error: out of memory" in by_check(findings)["startup.capture_failed"].diagnosis
+
+
+def test_a_chosen_capture_list_is_captured_exactly(profile):
+    """issue #51: a profile with cuda_graph_bs (--capture-from-traffic) holds each rank to that list."""
+    lines = healthy("target verify", 17, bs=(1, 2, 4, 9, 32))
+    chosen = profile("ddtree", 16, cuda_graph_bs=(1, 2, 4, 9, 32))
+    f = by_check(validate_startup(journal.parse(lines), chosen))["capture.batch_list"]
+    assert f.ok, f.diagnosis
+    assert f.details["want"] == [1, 2, 4, 9, 32]
+    other = profile("ddtree", 16, cuda_graph_bs=(1, 2, 4, 8, 32))
+    bad = by_check(validate_startup(journal.parse(lines), other))["capture.batch_list"]
+    assert not bad.ok and "missing [8]" in bad.diagnosis and "extra [9]" in bad.diagnosis
+    # without a chosen list there is no such check (SGLang's own list: capture.batch_coverage)
+    assert "capture.batch_list" not in by_check(validate_startup(journal.parse(lines), profile("ddtree", 16)))

@@ -13,6 +13,7 @@ perf.Model; every --decode-log-interval decode steps TP0 logs SGLang's
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import datetime
 import json
@@ -84,7 +85,11 @@ class Emulator:
         self.algo = algo
         self.width = width
         self.captured_width = captured_width
-        self.capture_bs = capture_bs
+        self.capture_bs = sorted(capture_bs) if capture_bs else capture_bs
+        # decode steps a batch without its own graph replayed the next captured one (SGLang 0.5.23's
+        # BaseCudaGraphRunner._pad_to_bucket: silent, the forward runs at the padded batch), by
+        # (running batch, graph batch): the lab's own counter (SGLang exports none)
+        self.padded_steps: dict[tuple[int, int], int] = {}
         # DDTree budget schedule: the step's verify width follows the running batch's band
         self.schedule = schedule
         self.band_captured_widths = band_captured_widths
@@ -463,7 +468,10 @@ class Emulator:
                     f"tensor b ({b * step_width}) at non-singleton dimension 0",
                     rank=self.rank, prefix="Scheduler hit an exception: ", sigquit=True)
             banded = self.schedule is not None or self.trial_active is not None
-            t_next = after(self.model.step_ms(batch, width=step_width,
+            graph_bs = self._graph_bs(batch)
+            if graph_bs != batch:
+                self.padded_steps[(batch, graph_bs)] = self.padded_steps.get((batch, graph_bs), 0) + 1
+            t_next = after(self.model.step_ms(graph_bs, width=step_width,
                                               drafting=self.step_budget > 0 if banded else None) / 1000.0)
             await until(t_next)
             now = time.monotonic()
@@ -492,6 +500,13 @@ class Emulator:
             if step_line and self.step_parts_steps >= self.step_parts_every:
                 self._log_step_parts()
             self._reap()
+
+    def _graph_bs(self, batch: int) -> int:
+        """The batch a decode step's forward runs at: the smallest captured size >= the running batch
+        (padded, as DecodeCudaGraphRunner replays it); itself past the largest graph or without graphs."""
+        if not self.capture_bs or batch > self.capture_bs[-1]:
+            return batch
+        return self.capture_bs[bisect.bisect_left(self.capture_bs, batch)]
 
     def _drafts_per_round(self, r: Req, now: float | None = None) -> float:
         """Mean accepted drafts per round for this request: the model's acceptance scaled by
@@ -974,4 +989,10 @@ class Emulator:
         hist("time_to_first_token_seconds", self.h_ttft, "Histogram of time to first token in seconds.")
         hist("inter_token_latency_seconds", self.h_itl, "Histogram of inter-token latency in seconds.")
         hist("e2e_request_latency_seconds", self.h_e2e, "Histogram of End-to-end request latency in seconds")
+        # the lab's own (not SGLang's: it pads silently): decode steps padded to a larger graph
+        name = "opsctl_lab:cuda_graph_padded_steps_total"
+        out.extend([f"# HELP {name} Decode steps whose running batch had no graph of its own and replayed the next "
+                    "captured batch size (lab emulator only).", f"# TYPE {name} counter"])
+        out.extend(f'{name}{{{tok},running_bs="{b}",graph_bs="{g}"}} {float(n)}'
+                   for (b, g), n in sorted(self.padded_steps.items()))
         return "\n".join(out) + "\n"
