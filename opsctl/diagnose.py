@@ -370,3 +370,14 @@ def _f(v, fmt: str) -> str:
 
 def _mark(source: str) -> str:
     return {"measured": " m", "interpolated": " i", "extrapolated": " e", "bound": " b"}.get(source, "")
+
+
+def recorded_predictions(ledger: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The newest DDTree verdict's diagnosis on a host's ledger (its predictions per budget and
+    level), which `opsctl tune` checks against what it measures; None when there is none."""
+    for rec in reversed(list(ledger)):
+        d = rec.get("diagnosis")
+        if rec.get("action") == "verdict" and isinstance(d, dict) and d.get("predictions"):
+            return {"release": rec.get("release"), "ts": rec.get("ts"), "predictions": d["predictions"],
+                    "best": d.get("best"), "schedule": d.get("schedule")}
+    return None

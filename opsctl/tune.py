@@ -132,6 +132,8 @@ class TuneResult:
     switches: list[dict] = field(default_factory=list)  # every switch record the tune left in the ledger
     planned_restarts: int | None = None
     notes: list[str] = field(default_factory=list)
+    # opsctl diagnose's recorded predictions against this tune's decode tok/s (prediction_check)
+    prediction_check: dict | None = None
 
     @property
     def gaps(self) -> list[dict]:
@@ -167,7 +169,7 @@ class TuneResult:
                 "restarts": {"planned": self.planned_restarts, "measured": self.restarts,
                              "by_why": count_by_why(self.gaps)},
                 "outage_s": self.outage_s, "outage_site_s": self.outage_site_s, "switches": self.gaps,
-                "notes": self.notes}
+                "notes": self.notes, "prediction_check": self.prediction_check}
 
 
 def count_by_why(gaps: list[dict]) -> dict[str, int]:
@@ -1091,6 +1093,9 @@ def tune(inventory, plan: TunePlan, *, progress: Callable[[dict], None] | None =
                         serving_candidate=outcome.candidate if outcome else None,
                         applied=outcome.applied if outcome else None, switches=switches,
                         planned_restarts=plan.trial_restarts + plan.after_restarts, notes=run.notes)
+    recorded = getattr(ops, "recorded", None)
+    result.prediction_check = {"release": (recorded or {}).get("release"), "ts": (recorded or {}).get("ts"),
+                               "levels": prediction_check(recorded, run.trials)}
     if report_dir is not None:
         result.report = write_tune_report(result, report_dir)
     return result
@@ -1146,6 +1151,9 @@ class SshTuneHost:
             require_baseline(conn, host, policy)
             self.baseline = load_baseline(conn, host, policy)
             state = read_state(conn, host)
+            from opsctl.diagnose import recorded_predictions
+
+            self.recorded = recorded_predictions(state.ledger)   # diagnose's predictions, checked by this tune
             restore = state.current if state.current and state.judged(state.current) else \
                 fallback_release(state, host, exclude=None)
             if restore is None:
@@ -1428,7 +1436,7 @@ def write_tune_report(result: TuneResult, out_dir: Path) -> dict[str, str]:
 
 
 def prediction_check(recorded: dict | None, trials: list[TrialResult]) -> list[dict]:
-    """What `opsctl diagnose` predicted on record (opsctl.flow.diagnose.recorded_predictions) against
+    """What `opsctl diagnose` predicted on record (opsctl.diagnose.recorded_predictions) against
     what the trials measured: per single-budget trial and level, both decode tok/s and the error."""
     if not recorded:
         return []

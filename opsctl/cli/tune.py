@@ -140,21 +140,12 @@ def register(app: typer.Typer) -> None:
             if not typer.confirm(f"deploy {what} (budgets {budgets}), {cost.restarts} restart(s), "
                                  f"then {plan.after.replace('-', ' ')}?", default=False):
                 raise ConfigError("tune not confirmed", "re-run with --yes")
-        from opsctl.flow.diagnose import recorded_predictions
-
-        recorded = recorded_predictions(inv, limit=limit)   # diagnose's predictions, checked by this tune
         res = core.tune(inv, plan, progress=_StepPrinter(json_out), report_dir=out)
-        check = core.prediction_check(recorded, res.trials)
         if json_out:
-            _output.emit_json({"ok": True, **res.as_dict(),
-                               "prediction_check": {"release": (recorded or {}).get("release"), "levels": check}})
+            _output.emit_json({"ok": True, **res.as_dict()})
             return
         _print_result(res, plan)
-        if check:
-            _output.info(f"opsctl diagnose's predictions ({recorded['release']}, {recorded['ts']}) against this "
-                         "tune's decode tok/s: " + "; ".join(
-                             f"budget {x['budget']} C={x['concurrency']}: predicted {x['predicted_tok_s']:.0f}, "
-                             f"measured {x['measured_tok_s']:.0f} ({x['error_pct']:+.0f} %)" for x in check))
+
 
 
 def _print_result(res, plan) -> None:
@@ -187,5 +178,11 @@ def _print_result(res, plan) -> None:
     _output.info(f"restarts: {res.restarts} made ({by_why or 'none'}), {res.planned_restarts} planned; outage "
                  f"{human_s(res.outage_s)}" + (f" in the lab = {human_s(site)} at the site's scale" if site is not None
                                                else ""))
+    check = (res.prediction_check or {}).get("levels") or []
+    if check:
+        _output.info(f"opsctl diagnose's predictions ({res.prediction_check['release']}, {res.prediction_check['ts']}) "
+                     "against this tune's decode tok/s: " + "; ".join(
+                         f"budget {x['budget']} C={x['concurrency']}: predicted {x['predicted_tok_s']:.0f}, "
+                         f"measured {x['measured_tok_s']:.0f} ({x['error_pct']:+.0f} %)" for x in check))
     for k, p in res.report.items():
         _output.info(f"wrote {k}: {p}")

@@ -104,21 +104,3 @@ def _other_baseline(conn: Connection, host: HostConfig, state) -> tuple[Any, str
         if res.ok:
             return run_from_text(res.stdout, source=f"{host.name}:{rel}/bench.jsonl"), info.profile
     return None, ""
-
-
-def recorded_predictions(inventory: str | Path | Inventory, *, limit: str | None = None) -> dict[str, Any] | None:
-    """The newest DDTree verdict's diagnosis on the host's ledger (its predictions per budget and
-    level), for `opsctl tune` to check against what it measures; None when there is none."""
-    inv = as_inventory(inventory)
-    host = inv.single(limit)
-    conn = connect(host)
-    try:
-        ledger, _ = facts.get(conn, facts.LedgerRecords(str(host.install_root)))
-    finally:
-        conn.close()
-    for rec in reversed(ledger):
-        d = rec.get("diagnosis")
-        if rec.get("action") == "verdict" and isinstance(d, dict) and d.get("predictions"):
-            return {"release": rec.get("release"), "ts": rec.get("ts"), "predictions": d["predictions"],
-                    "best": d.get("best"), "schedule": d.get("schedule")}
-    return None

@@ -205,3 +205,12 @@ def test_tune_checks_the_recorded_predictions_against_its_trials():
     assert check == [{"budget": 8, "concurrency": 1, "predicted_tok_s": 250.0, "measured_tok_s": 262.0,
                       "error_pct": -4.6, "accept_source": "profile reference"}]
     assert prediction_check(None, trials) == []
+
+
+def test_the_recorded_predictions_are_the_newest_ddtree_verdicts():
+    ledger = [{"action": "verdict", "release": "a", "ts": "1", "diagnosis": {"predictions": [{"budget": 8}]}},
+              {"action": "verdict", "release": "b", "ts": "2"},
+              {"action": "switch", "diagnosis": {"predictions": [{"budget": 4}]}}]
+    rec = dx.recorded_predictions(ledger)
+    assert rec["release"] == "a" and rec["predictions"] == [{"budget": 8}]
+    assert dx.recorded_predictions([]) is None

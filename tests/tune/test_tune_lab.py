@@ -59,7 +59,7 @@ def test_tune_finds_the_budget_per_level_measures_its_schedule_and_restores_the_
     s16 = single16["levels"]
     assert s16["1"]["accept"] > s16["1"]["step_ratio"] and s16["1"]["why"] is None
     assert s16["32"]["accept"] < s16["32"]["step_ratio"] and s16["32"]["why"].startswith("verify_compute"), s16
-    assert res["prediction_check"] == {"release": None, "levels": []}   # no DDTree verdict on record yet
+    assert res["prediction_check"] == {"release": None, "ts": None, "levels": []}   # no DDTree verdict on record yet
     assert sched["schedule"] == "1:16,6:0" and sched["release"].startswith("ddtree-s1b16-6b0-")
     lv = {c: sched["levels"][c] for c in ("1", "32")}
     # the schedule speculates where that wins and steps aside where it loses: budget 16's tree at C=1,
