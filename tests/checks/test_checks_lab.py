@@ -118,7 +118,7 @@ def test_cli_and_plain_pytest_on_good_host(lab, inv):
                            "--pyargs", "opsctl.checks", "--inventory", str(inv.path), "-q"],
                           capture_output=True, text=True, timeout=300, cwd="/")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert "22 passed" in proc.stdout, proc.stdout[-2000:]   # 11 pre, 11 post (release_files_checksums: #32)
+    assert "23 passed" in proc.stdout, proc.stdout[-2000:]   # 11 pre, 12 post (release_files_checksums: #32; ddtree_serves_what_the_release_means: #50)
 
 
 def test_unit_file_edited_on_host_is_drift(lab, inv):

@@ -51,7 +51,7 @@ def test_phases_a_controller_built_cache_and_a_slower_start(served, lab_host, tm
     assert "opsctl runtime build --triton-arch sm_120" in p.stdout
     block = [line for line in p.stdout.splitlines() if "start-up " in line and " at the site (" in line]
     assert block, p.stdout
-    for phase in ("weight load ", "target verify graphs width 17 (bs 1-", "draft decode graphs (bs 1-",
+    for phase in ("weight load ", "target verify graphs b16 (bs 1-", "draft decode graphs (bs 1-",
                   "Triton compile b16 ", "warm-up "):
         assert phase in block[0], block[0]
     assert "in the lab x time scale 500, first line to ready), ddtree-b16:" in block[0]
