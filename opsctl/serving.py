@@ -16,26 +16,11 @@ import json
 import shlex
 from dataclasses import dataclass
 
-from opsctl.host.facts import Fact
+from opsctl.host.facts import Fact, loopback_get_py
 
-# stdlib only, with the host's python3: GET /server_info, print its ddtree state (or null)
-_SERVER_INFO_PY = (
-    "import json, socket\n"
-    "try:\n"
-    "    s = socket.create_connection(('127.0.0.1', {port}), timeout={timeout})\n"
-    "    s.sendall(b'GET /server_info HTTP/1.0\\r\\nHost: 127.0.0.1\\r\\n\\r\\n')\n"
-    "    data = b''\n"
-    "    while True:\n"
-    "        chunk = s.recv(65536)\n"
-    "        if not chunk:\n"
-    "            break\n"
-    "        data += chunk\n"
-    "    head, _, body = data.partition(b'\\r\\n\\r\\n')\n"
-    "    status = head.split(b'\\r\\n', 1)[0].split()\n"
-    "    states = (json.loads(body).get('internal_states') or []) if len(status) > 1 and status[1] == b'200' else []\n"
-    "    print(json.dumps((states[0] or {}).get('ddtree') if states else None))\n"
-    "except Exception:\n"
-    "    print('null')\n")
+# GET /server_info with the host's python3; print its ddtree state (or null)
+_ON_ANSWER = ("states = (json.loads(body).get('internal_states') or []) if ok else []; "
+              "print(json.dumps((states[0] or {}).get('ddtree') if states else None))")
 
 
 @dataclass(frozen=True)
@@ -48,7 +33,7 @@ class ServingDDTree(Fact["dict | None"]):
     timeout_s: float = 10
 
     def command(self) -> str:
-        py = _SERVER_INFO_PY.replace("{port}", str(int(self.port))).replace("{timeout}", str(float(self.timeout_s)))
+        py = loopback_get_py(self.port, "/server_info", self.timeout_s, _ON_ANSWER, "print('null')")
         return f"{shlex.quote(self.python)} -c {shlex.quote(py)}"
 
     def process(self, stdout: str) -> dict | None:

@@ -130,20 +130,8 @@ class Loads(Fact["object"]):
     timeout_s: float = 10
 
     def command(self) -> str:
-        py = ("import socket\n"
-              "try:\n"
-              f"    s = socket.create_connection(('127.0.0.1', {int(self.port)}), timeout={float(self.timeout_s)})\n"
-              f"    s.sendall(b'GET /v1/loads HTTP/1.0\\r\\nHost: 127.0.0.1:{int(self.port)}\\r\\n\\r\\n')\n"
-              "    data = b''\n"
-              "    while True:\n"
-              "        chunk = s.recv(65536)\n"
-              "        if not chunk:\n"
-              "            break\n"
-              "        data += chunk\n"
-              "    head, _, body = data.partition(b'\\r\\n\\r\\n')\n"
-              "    status = head.split(b'\\r\\n', 1)[0].split()\n"
-              "    print(body.decode('utf-8', 'replace') if len(status) > 1 and status[1] == b'200' else '')\n"
-              "except Exception:\n    print('')\n")
+        py = loopback_get_py(self.port, "/v1/loads", self.timeout_s,
+                             "print(body.decode('utf-8', 'replace') if ok else '')", "print('')")
         return f"{shlex.quote(self.python)} -c {shlex.quote(py)}"
 
     def process(self, stdout: str):
@@ -153,6 +141,28 @@ class Loads(Fact["object"]):
 
 
 # --------------------------------------------------------------------------- the journal
+
+
+def loopback_get_py(port: int, path: str, timeout_s: float, on_answer: str, on_error: str) -> str:
+    """A standard-library Python program for the host's python3: GET http://127.0.0.1:PORT/PATH
+    (HTTP/1.0), then `on_answer` runs with `ok` (a 200) and `body` (bytes); `on_error` when the
+    server does not answer. One statement each."""
+    return ("import json, socket\n"
+            "try:\n"
+            f"    s = socket.create_connection(('127.0.0.1', {int(port)}), timeout={float(timeout_s)})\n"
+            f"    s.sendall(b'GET {path} HTTP/1.0\\r\\nHost: 127.0.0.1:{int(port)}\\r\\n\\r\\n')\n"
+            "    data = b''\n"
+            "    while True:\n"
+            "        chunk = s.recv(65536)\n"
+            "        if not chunk:\n"
+            "            break\n"
+            "        data += chunk\n"
+            "    head, _, body = data.partition(b'\\r\\n\\r\\n')\n"
+            "    status = head.split(b'\\r\\n', 1)[0].split()\n"
+            "    ok = len(status) > 1 and status[1] == b'200'\n"
+            f"    {on_answer}\n"
+            "except Exception:\n"
+            f"    {on_error}\n")
 
 
 def _since(since: int | float | str) -> str:
