@@ -72,6 +72,7 @@ class Emu:
     def __init__(self, tmp: Path, args: list[str], *, faults: dict | None = None, env: dict | None = None,
                  plugins: str | None = "ddtree", ddtree_plugin: bool = True, port: int | None = None):
         self.dirs = make_dirs(tmp, ddtree_plugin=ddtree_plugin)
+        self._port_given = port is not None
         self.port = port or free_port()
         if faults is not None:
             self.dirs["faults"].write_text(json.dumps({"faults": faults}))
@@ -86,15 +87,25 @@ class Emu:
         else:
             e["SGLANG_PLUGINS"] = plugins
         e.update(env or {})
+        self._env, self._args, self._cwd = e, args, tmp
+        self._spawn()
+
+    def _spawn(self) -> None:
         argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(self.dirs["model"]),
                 "--host", "127.0.0.1", "--port", str(self.port)]
-        argv += [a.replace("{drafter}", str(self.dirs["drafter"])) for a in args]
+        argv += [a.replace("{drafter}", str(self.dirs["drafter"])) for a in self._args]
         self.argv = argv
-        self.proc = subprocess.Popen(argv, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     cwd=str(tmp))
+        self.proc = subprocess.Popen(argv, env=self._env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, cwd=str(self._cwd))
         self.lines: list[str] = []
         self._t = threading.Thread(target=self._read, daemon=True)
         self._t.start()
+
+    def _lost_port_race(self) -> bool:
+        """The port free_port() picked was taken before the server bound it (another test's client
+        socket got it from the same ephemeral range): not the emulator's failure, start it again."""
+        return (not self._port_given and self.proc.poll() is not None
+                and any("[Errno 98]" in line for line in self.lines[-8:]))
 
     def _read(self):
         for line in self.proc.stdout:
@@ -118,8 +129,14 @@ class Emu:
                 seen += 1
             if self.proc.poll() is not None and seen >= len(self.lines):
                 self._t.join(timeout=2)
-                if seen >= len(self.lines):
-                    return None
+                if seen < len(self.lines):
+                    continue
+                if self._lost_port_race():
+                    self.port = free_port()
+                    self._spawn()
+                    seen = 0
+                    continue
+                return None
             time.sleep(0.02)
         return None
 

@@ -505,3 +505,22 @@ def test_no_step_line_without_ddtree_or_when_turned_off(tmp_path):
         emu.wait_ready()
         emu.generate("one request", 40)
     assert "DDTree step parts:" not in emu.text()
+
+
+def test_the_harness_starts_again_when_its_free_port_was_taken(tmp_path, monkeypatch):
+    """CI saw it (stop 55): another test's client socket took the port free_port() had picked, the
+    emulator died with [Errno 98] after its capture, and a test failed on the harness, not the emulator."""
+    import lab_emu
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = iter([taken.getsockname()[1]])
+    real_free_port = lab_emu.free_port
+    monkeypatch.setattr(lab_emu, "free_port", lambda: next(ports, None) or real_free_port())
+    try:
+        with Emu(tmp_path, ["--tp-size", "8"]) as emu:
+            emu.wait_ready()
+            assert emu.port != taken.getsockname()[1]
+            assert emu.get("/health")[0] == 200
+    finally:
+        taken.close()

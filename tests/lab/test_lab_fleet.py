@@ -112,10 +112,10 @@ def test_zz_down_lab2_lab3_leaves_nothing_of_them_and_lab1_stays_up(lab_fleet):
         assert not node.pid_file.exists()
         for d in lab.host.cgroup_dirs(node.index):
             assert not d.exists(), d
-        assert _machine_procs(node.machine) == []
+        assert _machine_procs(node.machine) == [], node
     # lab1 untouched: same nspawn, answers, its names intact
     st = lab.status()
-    assert st.running and st.ssh and st.pid == pid1 and st.system_state in ("running", "degraded")
+    assert st.running and st.ssh and st.pid == pid1 and st.system_state in ("running", "degraded"), st
     assert C.NETNS in netns and Path(f"/sys/class/net/{C.VETH_HOST}").exists()
     assert [s.host for s in lab.fleet_status(probe_ssh=False)] == ["lab1"]
     # up again: lab1 kept, lab2/lab3 booted side by side; a smaller --hosts leaves lab3 alone
@@ -123,7 +123,7 @@ def test_zz_down_lab2_lab3_leaves_nothing_of_them_and_lab1_stays_up(lab_fleet):
     lab.up(say=print, hosts=3)
     up_s = time.monotonic() - t0
     fleet = lab.fleet_status()
-    assert [(s.host, s.ssh) for s in fleet] == [("lab1", True), ("lab2", True), ("lab3", True)]
+    assert [(s.host, s.ssh) for s in fleet] == [("lab1", True), ("lab2", True), ("lab3", True)], fleet
     assert fleet[0].pid == pid1
     pids = [s.pid for s in fleet]
     lab.up(say=print, hosts=2)
