@@ -199,3 +199,60 @@ def test_prepare_head_is_a_no_op_off_cuda():
 
     h = DraftTreeHead(torch.zeros(64, 16), 4, 8, impl="torch")
     assert aot.prepare_head(h, [1, 2])["kernels"] == 0
+
+
+def _real_launches(budget, bs_list, form, V=2048, H=256, block=8):
+    """The launches a head on real (CPU) tensors makes, recorded (nothing runs):
+    the worker's two call forms -- the draft graph's ``head(hidden, input_ids)``
+    and the eager ``head(hidden, root_tokens=bonus)`` -- at real addresses."""
+    import torch
+
+    from sglang_ddtree.head import DraftTreeHead
+
+    head = DraftTreeHead(torch.zeros(V, H, dtype=torch.bfloat16), budget, block, max_bs=max(bs_list), impl="triton")
+    head._pdl_ok = True  # sm_90
+    with aot.recording() as rec:
+        for bs in bs_list:
+            hid = torch.zeros(bs * block, H, dtype=torch.bfloat16)
+            if form == "ids":
+                head(hid, torch.zeros(bs * block, dtype=torch.int64))
+            else:
+                head(hid, root_tokens=torch.zeros(bs, dtype=torch.int32 if form == "root32" else torch.int64))
+    return list(rec)
+
+
+@pytest.mark.parametrize("form", ["ids", "root64", "root32"])
+def test_every_launch_of_a_head_is_in_the_fill(form):
+    """Issue 52: each specialisation a head launches (bound at real addresses) and
+    each launch stub the driver would build for it is one the fill enumerates;
+    a launch site the enumeration misses fails here."""
+    tgt = aot.target_for("sm_90")
+    for budget in (4, 16):
+        fill = aot.head_specs(budget, 8, 2048, 256, [1, 8, 32], arch="sm_90")
+        real = aot.unique_specs(_real_launches(budget, [1, 8, 32], form), tgt)
+        missing = [(s.name, s.constexprs) for s in real if s.key not in {f.key for f in fill}]
+        assert not missing, missing
+        assert set(aot.launcher_sources(real)) <= set(aot.launcher_sources(fill))
+
+
+def test_fill_builds_the_launch_stubs(tmp_path, monkeypatch):
+    """The 7 files an H200 start still wrote after a fill (budget 4, bs 1): the
+    driver's ``cuda_utils`` and the 6 launch stubs the head's kernels share --
+    budgets 16 and 64 add none.  The fill now builds them (here recorded)."""
+    per = {b: aot.launcher_sources(aot.head_specs(b, **KIMI, batch_sizes=[1, 8, 32], arch="sm_90"))
+           for b in (4, 16, 64)}
+    assert len(per[4]) == 6 and set(per[16]) <= set(per[4]) and set(per[64]) <= set(per[4])
+    built = []
+    monkeypatch.setattr(aot, "compile_spec", lambda spec, target: True)
+    doc = aot.fill_cache(out=str(tmp_path), arch="sm_90", capture_bs=[1, 8, 32], budgets=[4, 16, 64],
+                         launcher_builder=lambda src, name: built.append((name, src)), **KIMI)
+    assert [n for n, _ in built].count("cuda_utils") == 1
+    assert {s for n, s in built if n == "__triton_launcher"} == set(per[4])
+    assert doc["fill"]["launchers"] == {"launchers": 6, "built": True}
+    # a host that cannot link them says so in the manifest (the first launch builds them)
+
+    def fail(src, name):
+        raise FileNotFoundError("libcuda.so.1")
+
+    doc = aot.fill_cache(out=str(tmp_path), arch="sm_90", capture_bs=[1], budgets=[4], launcher_builder=fail, **KIMI)
+    assert doc["fill"]["launchers"]["built"] is False and "libcuda" in doc["fill"]["launchers"]["skipped"]

@@ -353,6 +353,73 @@ def compile_spec(spec: Spec, target) -> bool:
     return bool(hits and hits[-1])
 
 
+# ---------------------------------------------------------------------------
+# the host-side launch stubs: what a first launch still builds
+# ---------------------------------------------------------------------------
+#
+# ``triton.compile`` writes a kernel's 7 cache files (.ttir .ttgir .llir .ptx
+# .cubin .json __grp__) but not the C stub that launches it: Triton's CUDA
+# driver builds that at the kernel's first launch (``CudaLauncher``:
+# ``make_launcher(constants, signature)`` -> ``compile_module_from_src(...,
+# "__triton_launcher")``, gcc, ~0.25 s), keyed by the stub's source -- the
+# argument types and constants, not the kernel -- and the driver's own
+# ``cuda_utils`` module the same way on the process's first launch.  One
+# budget's head needs 6 distinct stubs (budget 4, 16 and 64 share them), so an
+# H200 start from a filled cache built 6 stubs + cuda_utils = 7 files at its
+# first (budget, bs) pair and nothing after (issue 52).  The fill builds them too.
+
+
+def launcher_source(spec: "Spec") -> str:
+    """The C source of the launch stub ``CudaLauncher`` builds for ``spec``
+    (its constants keyed by argument index, as ``CudaLauncher.__init__`` maps them)."""
+    from triton.backends.nvidia.driver import make_launcher
+
+    names = spec.fn.arg_names
+    constants = {((names.index(k),) if isinstance(k, str) else k): v for k, v in spec.constexprs.items()}
+    return make_launcher(constants, dict(spec.signature), None)
+
+
+def launcher_sources(specs: Iterable["Spec"]) -> List[str]:
+    """The distinct launch stubs of ``specs`` (in first-use order)."""
+    seen: Dict[str, None] = {}
+    for s in specs:
+        seen.setdefault(launcher_source(s), None)
+    return list(seen)
+
+
+def _build_module(src: str, name: str) -> None:
+    """``compile_module_from_src`` as the CUDA driver calls it (into TRITON_CACHE_DIR;
+    a cache hit only loads).  Needs gcc, Python's headers and libcuda.so.1 (the
+    stubs link it); the stub's key holds this machine's platform and the .so name
+    its Python's EXT_SUFFIX: fill with the Python the server runs."""
+    from triton.backends.nvidia import driver as nv
+    from triton.runtime.build import compile_module_from_src
+
+    compile_module_from_src(src=src, name=name, library_dirs=nv.library_dirs(), include_dirs=nv.include_dirs,
+                            libraries=nv.libraries)
+
+
+def build_launchers(specs: Iterable["Spec"], builder=None) -> dict:
+    """Build the launch stubs of ``specs`` and the driver's ``cuda_utils`` module
+    into the cache.  Returns ``{"launchers": n, "built": bool, "skipped": reason}``;
+    a host without libcuda.so.1 (or gcc) skips them (the first launch builds them,
+    ~2 s at a start)."""
+    srcs = launcher_sources(specs)
+    build = builder or _build_module
+    try:
+        from triton.backends.nvidia import driver as nv
+
+        if builder is None:
+            nv.library_dirs()  # asserts libcuda.so.1 is found
+        with open(os.path.join(nv.dirname, "driver.c")) as f:
+            build(f.read(), "cuda_utils")
+        for src in srcs:
+            build(src, "__triton_launcher")
+    except Exception as e:  # noqa: BLE001 -- the kernels are in the cache; the stubs build at first launch
+        return {"launchers": len(srcs), "built": False, "skipped": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+    return {"launchers": len(srcs), "built": True}
+
+
 def _compile_one(job):
     # a pool worker: enumerate again (cheap) and compile the job's share
     budget, block, vocab_shard, hidden, bs, arch, tp, dtype_name, idx, cache = job
@@ -370,12 +437,15 @@ def _dtype_name(dtype) -> str:
 
 def fill_cache(*, out: str, arch, block: int, vocab_shard: int, hidden: int, capture_bs: Sequence[int],
                budgets: Sequence[int] = (), schedule: Optional[str] = None, tp: int = 1, dtype=torch.bfloat16,
-               jobs: int = 1, log=None, kernels: Optional[Sequence[str]] = None, runtime: Optional[str] = None) -> dict:
+               jobs: int = 1, log=None, kernels: Optional[Sequence[str]] = None, runtime: Optional[str] = None,
+               launcher_builder=None) -> dict:
     """Compile every kernel of every (budget, captured batch size) into ``out`` (a
     Triton cache directory) for ``arch`` and merge them into its manifest.
     Returns the manifest (plus ``"fill"``: kernels, compiled, seconds per budget).
     ``kernels`` (names; tests): compile only those, and write no manifest (the
-    cache is then incomplete)."""
+    cache is then incomplete).  The kernels' launch stubs are built as well
+    (:func:`build_launchers`; ``launcher_builder``: tests), where this host can
+    link them; the manifest's ``fill.launchers`` says which."""
     cc = parse_arch(arch)
     out = os.path.abspath(out)
     os.makedirs(out, exist_ok=True)
@@ -407,6 +477,7 @@ def fill_cache(*, out: str, arch, block: int, vocab_shard: int, hidden: int, cap
                 for b, comp, s in ex.map(_compile_one, work):
                     fill[b]["compiled"] += comp
                     fill[b]["seconds"] += s
+        launchers = build_launchers([sp for specs in per_budget.values() for sp in specs], builder=launcher_builder)
         wall = time.perf_counter() - t0
     finally:
         if prev_env is None:
@@ -423,10 +494,11 @@ def fill_cache(*, out: str, arch, block: int, vocab_shard: int, hidden: int, cap
     else:
         doc = {"format": MANIFEST_FORMAT, "specialisations": []}
     doc["fill"] = {"wall_s": round(wall, 3), "distinct_kernels": count_specs(per_budget)["total"],
-                   "per_budget": {str(b): v for b, v in fill.items()}}
+                   "per_budget": {str(b): v for b, v in fill.items()}, "launchers": launchers}
     if log:
         log(f"filled {out} for {arch_name(cc)}: {doc['fill']['distinct_kernels']} kernels, "
-            f"{sum(v['compiled'] for v in fill.values())} compiled, {wall:.1f} s")
+            f"{sum(v['compiled'] for v in fill.values())} compiled, {launchers['launchers']} launch stubs "
+            f"{'built' if launchers['built'] else 'not built (' + launchers['skipped'] + ')'}, {wall:.1f} s")
     return doc
 
 
@@ -507,6 +579,7 @@ def prepare_head(head: DraftTreeHead, batch_sizes: Iterable[int], *, announce: b
                    torch.empty((bs * head.block,), dtype=torch.int64, device="meta"))
     specs = unique_specs(rec, target)
     compiled = sum(0 if compile_spec(s, target) else 1 for s in specs)
+    build_launchers(specs)  # the launch stubs too: else the capture's first launches build them
     elapsed = time.perf_counter() - t0
     res = {"kernels": len(specs), "compiled": compiled, "elapsed": elapsed, "arch": arch_name(cc),
            "cache": cache_dir()}
