@@ -2207,12 +2207,19 @@ def profile_steps(env, w, rows, prompts, n):
 # ---------------------------------------------------------------------------
 
 
+def phase_syncs(args, res):
+    """Host readbacks per decode step and GPU idle between steps (gd_syncs.py, issue 52)."""
+    import gd_syncs
+
+    gd_syncs.phase_syncs(sys.modules[__name__], args, res)
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--site", default=None, help="a folder with the carried SGLang wheel unpacked (prepended to sys.path)")
     ap.add_argument("--flashinfer-root", default=None, help="folder holding flashinfer's include/ (carried headers)")
-    ap.add_argument("--phases", default="identity,sampling,breakdown")
+    ap.add_argument("--phases", default="identity,sampling,breakdown,syncs")
     ap.add_argument("--vocab", type=int, default=32768)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--layers", type=int, default=2)
@@ -2236,6 +2243,8 @@ def parse_args(argv=None):
     ap.add_argument("--sp-cost-bs", type=int, default=8, help="step-parts phase: the cost A/B's batch size")
     ap.add_argument("--sp-cost-steps", type=int, default=100, help="step-parts phase: steps per A/B block")
     ap.add_argument("--sp-cost-reps", type=int, default=3, help="step-parts phase: A/B repetitions")
+    ap.add_argument("--sy-bs", type=int, nargs="+", default=[1, 8], help="syncs phase: batch sizes")
+    ap.add_argument("--sy-steps", type=int, default=100, help="syncs phase: timed decode steps per bs")
     ap.add_argument("--id-schedule", default=None, help="the identity phase's schedule (default ID_SCHEDULE)")
     ap.add_argument("--cpu-smoke", action="store_true", help="the device-agnostic parts only (CI)")
     ap.add_argument("--dry-cpu", action="store_true",
@@ -2247,7 +2256,7 @@ def parse_args(argv=None):
         for k, v in dict(vocab=64, hidden=32, layers=1, heads=2, head_dim=16, id_requests=4, id_min_new=12,
                          id_max_new=20, id_schedule="1:8,2:4,3:0", sample_vocab=8, sample_rounds=2, sample_bs=8,
                          bd_bs=[1, 4], bd_warmup=1, bd_steps=2, prof_steps=2, sp_steps=4, sp_cost_bs=4,
-                         sp_cost_steps=3, sp_cost_reps=1).items():
+                         sp_cost_steps=3, sp_cost_reps=1, sy_bs=[1, 3], sy_steps=6).items():
             if "--" + k.replace("_", "-") not in given:
                 setattr(a, k, v)
     return a
@@ -2323,7 +2332,7 @@ def main(argv=None):
             t0 = time.time()
             try:
                 {"identity": phase_identity, "sampling": phase_sampling, "breakdown": phase_breakdown,
-                 "stepparts": phase_stepparts}[ph](args, res)
+                 "stepparts": phase_stepparts, "syncs": phase_syncs}[ph](args, res)
             except Exception:
                 res[f"{ph}_error"] = traceback.format_exc()
                 log(res[f"{ph}_error"])
@@ -2335,7 +2344,7 @@ def main(argv=None):
     for k in ("identity", "sampling"):
         if k in res and not res[k].get("ok"):
             rc = 1
-    if res.get("stepparts_ok") is False:
+    if res.get("stepparts_ok") is False or res.get("syncs_ok") is False:
         rc = 1
     dump()
     return rc

@@ -139,3 +139,82 @@ def test_step_parts_comparison_rules():
     # host wall clock when no CUDA spans were measured (the CPU dry run)
     w = {k.replace("gpu_", "wall_"): v for k, v in s.items()}
     assert all(r["ok"] for r in gd.compare_parts(w, ok))
+
+
+# --------------------------------------------------------------------------
+# the CPU dry run through SGLang's real modules (issue 52): identity + the step's
+# host readbacks.  It needs what the device image has and the CPU venv lacks
+# (transformers 5.19, einops, httpx, dill, openai: runtime/pyproject.toml's
+# "dry-cpu" extra) -- in .venv-sglang, or a folder of them in DDTREE_DRY_CPU_PATH.
+# --------------------------------------------------------------------------
+
+# host reads of tensor values per decode step in the runtime's and SGLang's code
+# (budget 16, bs 1 and 3): worker.py _ddtree_draft's int(seq_lens_cpu.sum()) and
+# eagle_prepare_for_verify's int(batch.seq_lens_cpu.sum()) -- both of host tensors
+# (no device wait); no .item() / .tolist() / .cpu() / nonzero / bool-index of a
+# device tensor.  One more is a regression (runtime/README.md, "host round trips").
+STEP_READBACKS = 2
+
+
+def _dry_env():
+    extra = os.environ.get("DDTREE_DRY_CPU_PATH", "")
+    env = dict(os.environ, OMP_NUM_THREADS="1", TRITON_INTERPRET="1",
+               DDTREE_HARNESS_ALSO_STUB="torchvision,torchaudio,timm,cv2,tvm_ffi",
+               PYTHONPATH=os.pathsep.join(p for p in (extra, os.path.join(os.path.dirname(HERE), "src")) if p))
+    probe = subprocess.run([sys.executable, "-c", "import transformers, einops, httpx, dill, openai"], env=env,
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        import pytest
+
+        pytest.skip("the dry run needs runtime/pyproject.toml's dry-cpu extra (transformers 5.19, einops, httpx, "
+                    "dill, openai) in this venv or DDTREE_DRY_CPU_PATH: " + probe.stderr.strip().splitlines()[-1])
+    return env
+
+
+def test_dry_cpu_identity_and_step_readbacks(tmp_path):
+    """``gpu_decode.py --dry-cpu --phases identity,syncs`` in a fresh interpreter:
+    the identity phase passes (4 requests, all bands, 0 mismatches) and every
+    decode step of the syncs phase reads tensor values on the host exactly
+    STEP_READBACKS times in runtime + SGLang code, its output == autoregressive."""
+    env = _dry_env()
+    p = subprocess.run([sys.executable, os.path.join(BENCH, "gpu_decode.py"), "--dry-cpu", "--phases", "identity,syncs",
+                        "--sy-bs", "1", "3", "--sy-steps", "3", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    res = json.load(open(tmp_path / "gpu_decode.json"))
+    ident = res["identity"]
+    assert ident["ok"] and ident["n_mismatch"] == 0 and ident["requests"] == 4 and ident["band_changes"] >= 2
+    assert "[identity] PASS" in p.stdout
+    rows = res["syncs"]
+    assert [r["bs"] for r in rows] == [1, 3] and all(r["mismatches"] == 0 for r in rows)
+    for r in rows:
+        assert r["readbacks_per_step"] == [STEP_READBACKS] * 3, r["sites"]
+        assert len(r["readbacks_per_step"]) == 3 and r["idle_ms_per_step"] >= 0
+    assert "[syncs] bs 1: 3 steps, host readbacks per step (runtime + SGLang) 2..2" in p.stdout
+
+
+def test_sync_counter_counts_host_readbacks():
+    """The counter itself: each kind of host read in a step is counted once and
+    attributed to its caller; outside begin/end nothing counts; patches undone."""
+    import torch
+
+    import gd_syncs
+
+    x = torch.arange(6)
+    orig_item = torch.Tensor.item
+    with gd_syncs.SyncCounter() as c:
+        x.sum().item()  # not counted: outside a step
+        c.begin()
+        x.sum().item()
+        x.tolist()
+        int(x[0])
+        x[x > 2]
+        torch.nonzero(x)
+        torch.repeat_interleave(x, x)
+        torch.repeat_interleave(x, x, output_size=15)  # sized: no readback
+        x.to(torch.float32)  # dtype only
+        c.end()
+    assert torch.Tensor.item is orig_item
+    assert c.rows == [{"other": 6}], c.rows
+    whats = sorted(w for (_, w, _, _) in c.sites)
+    assert whats == ["__int__", "bool-index", "item", "nonzero", "repeat_interleave", "tolist"], whats
