@@ -175,8 +175,7 @@ def capture_banded_verify_graphs(original_fn, model_runner, sched: BudgetSchedul
                             new_backend=new_backend or _new_attn_backend, home=home)
     states = [BandState(i, band, bs, backend, getattr(cap, "runner", None))
               for i, (band, bs, (backend, cap)) in enumerate(zip(sched.bands, bands_bs, done))]
-    model_runner._ddtree_schedule = sched
-    model_runner._ddtree_band_states = states
+    attach_bands(model_runner, sched, states)
     return _combined_capture([cap for _, cap in done], home if home is not None else 0)
 
 
@@ -244,3 +243,10 @@ def capture_trial_draft_graphs(original_fn, draft_runner, plan, select_head, *, 
         budget: TrialState(budget, None, bs, backend, getattr(cap, "runner", None), users)
         for budget, bs, users, backend, cap in done}
     return _combined_capture(caps, 0)
+
+
+def attach_bands(model_runner, sched, states) -> None:
+    """The model runner's band states (what the worker's band switch reads):
+    set by the capture above, or by a harness that captures its own graphs."""
+    model_runner._ddtree_schedule = sched
+    model_runner._ddtree_band_states = states

@@ -260,13 +260,16 @@ def _patched_spec(mod, block_size: int):
 # ---------------------------------------------------------------------------
 
 
-def make_worker_class():
+def make_worker_class(base=None):
+    """The worker class (built once, on SGLang's ``DFlashWorkerV2``).  ``base``: a
+    fresh class on that DFlash worker instead (the GPU harness's drafter stand-in:
+    its constructor seam; not cached)."""
     global _WORKER_CLS
-    if _WORKER_CLS is not None:
+    if base is None and _WORKER_CLS is not None:
         return _WORKER_CLS
     from sglang.srt.speculative import dflash_worker_v2 as dfw
 
-    DFlashWorkerV2 = dfw.DFlashWorkerV2
+    DFlashWorkerV2 = dfw.DFlashWorkerV2 if base is None else base
 
     class DDTreeWorkerV2(DFlashWorkerV2):
         """DFlash drafter + DDTree tree verify (see module docstring)."""
@@ -923,7 +926,8 @@ def make_worker_class():
             parts.end()  # the step's last mark; every SGLANG_DDTREE_STEP_PARTS_EVERY steps TP0 logs the line
             return out
 
-    _WORKER_CLS = DDTreeWorkerV2
+    if base is None:
+        _WORKER_CLS = DDTreeWorkerV2
     return DDTreeWorkerV2
 
 
