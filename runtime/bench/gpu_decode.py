@@ -111,65 +111,17 @@ if SRC not in sys.path:
 import torch  # noqa: E402
 
 
-def log(*a):
-    print(*a, flush=True)
-
-
-TRACE = os.environ.get("DDTREE_HARNESS_TRACE") == "1"
-DEV = ["cuda"]  # "cpu" in the CPU dry run (--dry-cpu): Triton's interpreter, emulated graphs
-
-
-def on_cuda() -> bool:
-    return DEV[0] == "cuda"
-
-
-def sync():
-    if on_cuda():
-        torch.cuda.synchronize()
-
-
-def graph_pool():
-    return torch.cuda.graph_pool_handle() if on_cuda() else None
-
-
-class EmulatedGraph:
-    """The CPU dry run's stand-in for a ``torch.cuda.CUDAGraph``: replay runs the
-    captured calls again on the same static tensors and copies the results into
-    the tensors the capture returned (what a replay leaves there)."""
-
-    def __init__(self, fn, outs):
-        self.fn, self.outs = fn, outs
-
-    def replay(self):
-        new = self.fn()
-        olds = self.outs if isinstance(self.outs, (tuple, list)) else (self.outs,)
-        news = new if isinstance(new, (tuple, list)) else (new,)
-        for o, n in zip(olds, news):
-            if isinstance(o, torch.Tensor) and isinstance(n, torch.Tensor) and o is not n:
-                o.copy_(n)
-
-
-def capture_graph(fn, pool=None):
-    """``fn()`` captured into a CUDA graph (an ``EmulatedGraph`` in the CPU dry
-    run); returns (graph, what ``fn`` returned at capture: the static outputs)."""
-    if not on_cuda():
-        outs = fn()
-        return EmulatedGraph(fn, outs), outs
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, pool=pool):
-        outs = fn()
-    return g, outs
-
-
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
-# the device-agnostic parts (gd_stats.py) and the syncs phase (gd_syncs.py) live beside this file
+# the harness's modules beside this file: shared state (gd_common), import stubs (gd_stubs), the
+# model stand-in (gd_model), device-agnostic statistics / timer / tables (gd_stats), the syncs phase (gd_syncs)
+from gd_common import (DEV, PROVENANCE, SGL, TRACE, EmulatedGraph, capture_graph, graph_pool,  # noqa: E402,F401
+                       log, on_cuda, sync)
+from gd_model import TinyConfig, TinyLM  # noqa: E402,F401
+from gd_stubs import _STUB_DENY, _FINDER_OPEN, STUBBED, _StubAttr, _StubBase, _StubFinder, _StubModule  # noqa: E402,F401
+
 from gd_stats import (SEGMENTS, _TIMER, StepTimer, breakdown_table, chi2_gof, chi2_sf,  # noqa: E402,F401
                       grow_shrink_plan, non_forward, oracle_hit, timed)
-
-
-SGL = types.SimpleNamespace()  # the SGLang names the harness uses
-PROVENANCE = {}  # what -> "real ..." / "stand-in: reason"
 
 
 def _flashinfer_headers(root):
@@ -184,103 +136,6 @@ def _flashinfer_headers(root):
         return False
     deps.REGISTERED_DEPENDENCIES["flashinfer"] = lambda: [inc]
     return True
-
-
-# top-level packages a missing import of which must stay an ImportError (probed
-# for availability; a stub would select their code paths)
-_STUB_DENY = frozenset("""sgl_kernel_npu flashinfer deep_gemm deep_ep flash_attn flash_mla vllm aiter
-triton_kernels xgrammar llguidance outlines torch_memory_saver cutlass quack tilelang humming mooncake nixl torch_npu
-intel_extension_for_pytorch habana_frameworks mindspore ktransformers kt_kernel nvshmem cupy jax tensorrt_llm lmcache
-hip sglang sglang_ddtree torch triton tvm_ffi transformers numpy IPython cuda pynvml fa3 sgl_flash_mla
-flash_attn_interface decord torchao modelopt petit_kernel mamba_ssm causal_conv1d fla torchcodec av soundfile
-librosa pyav cv2 timm torchvision torchaudio""".split()) - frozenset(
-    os.environ.get("DDTREE_HARNESS_ALSO_STUB", "").replace(",", " ").split())  # the CPU dry run (--dry-cpu)
-STUBBED = set()
-_FINDER_OPEN = [True]
-
-
-class _StubBase:
-    """What a class deriving from a stubbed name derives from."""
-
-    def __init_subclass__(cls, **kw):
-        pass
-
-    def __init__(self, *a, **k):
-        pass
-
-    def __class_getitem__(cls, item):
-        return cls
-
-
-class _StubAttr:
-    """Any attribute of a stubbed module: attribute access, calls (decorators pass
-    the function through), subclassing and iteration all succeed."""
-
-    def __init__(self, name):
-        self._n = name
-
-    def __getattr__(self, k):
-        if k.startswith("__"):
-            raise AttributeError(k)
-        return _StubAttr(f"{self._n}.{k}")
-
-    def __call__(self, *a, **k):
-        if self._n.startswith("sgl_kernel."):
-            raise RuntimeError(f"{self._n} called: sgl_kernel is an import-time stub here (sglang-kernel is "
-                               f"not carryable), so this path cannot run")
-        if len(a) == 1 and callable(a[0]) and not k:
-            return a[0]
-        return _StubAttr(self._n + "()")
-
-    def __mro_entries__(self, bases):
-        return (_StubBase,)
-
-    def __iter__(self):
-        return iter(())
-
-    def __bool__(self):
-        return False
-
-
-class _StubModule(types.ModuleType):
-    def __getattr__(self, k):
-        if k.startswith("__"):
-            raise AttributeError(k)
-        return _StubAttr(f"{self.__name__}.{k}")
-
-
-class _StubFinder:
-    """Last on ``sys.meta_path`` while SGLang is imported: a top-level package
-    that is not on the device and that the modules we run only import at module
-    level (e.g. server / tokenizer / notebook dependencies) becomes a stub module;
-    every stubbed name is reported."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        import importlib.machinery
-
-        top = fullname.split(".")[0]
-        if top in _STUB_DENY or top.startswith("_"):
-            return None
-        if top not in STUBBED and not _FINDER_OPEN[0]:
-            return None  # after the import phase: only submodules of what was stubbed then
-        if top not in STUBBED:  # only a module-level import in SGLang's own files (not others' optional ones)
-            f = sys._getframe(1)
-            while f is not None and f.f_code.co_filename.startswith("<frozen"):
-                f = f.f_back
-            if f is None or f"{os.sep}sglang{os.sep}" not in f.f_code.co_filename:
-                return None
-        STUBBED.add(top)
-        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-
-    def create_module(self, spec):
-        m = _StubModule(spec.name)
-        m.__path__ = []
-        if spec.name == "sgl_kernel.utils":  # read at import by the Triton backend (its PDL switch)
-            m.is_arch_support_pdl = lambda: on_cuda() and torch.cuda.get_device_capability()[0] >= 9
-        return m
-
-    def exec_module(self, module):
-        pass
 
 
 def import_sglang(args):
@@ -564,111 +419,6 @@ def jit_check(dev):
         out["tree_speculative_sampling_target_only"] = f"JIT FAILED ({type(e).__name__}: {str(e)[:400]})"
     PROVENANCE.update(out)
     return out
-
-
-# ---------------------------------------------------------------------------
-# the model (stand-in target: SGLang's model classes need sgl_kernel)
-# ---------------------------------------------------------------------------
-
-
-class TinyConfig:
-    """What TritonAttnBackend / ForwardBatch read from ``model_config`` (the
-    fields of the kit's TinyModelConfig)."""
-
-    def __init__(self, V, H, heads, kv_heads, head_dim, context_len):
-        self.attention_arch = SGL.AttentionArch.MHA
-        self.context_len = context_len
-        self.hidden_size = H
-        self.vocab_size = V
-        self.dtype = torch.float32
-        self.num_attention_heads = heads
-        self.num_key_value_heads = kv_heads
-        self.head_dim = head_dim
-        self.v_head_dim = head_dim
-        self.swa_v_head_dim = head_dim
-        self.is_encoder_decoder = False
-        self.is_multimodal = False
-        self.model_is_mrope = False
-        self.is_generation = True
-        self.quantization = None
-        self.is_hybrid_swa = False
-        self.is_local_attention_model = False
-        self.attention_chunk_size = None
-        self.sliding_window_size = None
-        self.hf_config = types.SimpleNamespace(architectures=["TinyForCausalLM"], hidden_size=H,
-                                               num_attention_heads=heads, num_key_value_heads=kv_heads,
-                                               head_dim=head_dim, vocab_size=V)
-        self.hf_config.get_text_config = lambda: self.hf_config
-        self.hf_text_config = self.hf_config
-        self.linear_attn_registry_result = None
-        self.requires_mm_token_modalities = False  # ForwardBatch.init_new
-        self.is_matryoshka = False
-        self.spec_hidden_size = H  # eagle_utils (the drafter's hidden width: the target's here)
-
-    def get_num_attention_heads(self, tp_size):
-        return self.num_attention_heads // tp_size
-
-    def get_max_num_attention_heads(self):
-        return self.num_attention_heads
-
-    def get_num_kv_heads(self, tp_size, dcp_size=1):
-        return self.num_key_value_heads // (tp_size // dcp_size)
-
-
-class TinyLM(torch.nn.Module):
-    """Llama-like random-weight target: RMSNorm, RoPE, RadixAttention (SGLang's,
-    through the forward context's backend), SwiGLU MLP; fp32.  ``lm_head`` (what
-    the DDTree head reads: ``model.lm_head.weight``) is a bf16 copy of the
-    output projection, as a served bf16 model's head is."""
-
-    def __init__(self, V, H, layers, heads, head_dim, seed, device, logit_scale=3.0):
-        super().__init__()
-        g = torch.Generator(device="cpu").manual_seed(seed)
-
-        def w(*shape, s=1.0):
-            return torch.nn.Parameter((torch.randn(*shape, generator=g) * s).to(device), requires_grad=False)
-
-        self.V, self.H, self.nl, self.nh, self.hd = V, H, layers, heads, head_dim
-        self.embed = w(V, H)
-        self.layers = []
-        for i in range(layers):
-            lay = types.SimpleNamespace(
-                wqkv=w(3 * heads * head_dim, H, s=H ** -0.5), wo=w(H, heads * head_dim, s=(heads * head_dim) ** -0.5),
-                w1=w(2 * H, H, s=H ** -0.5), w2=w(H, H, s=H ** -0.5),
-                attn=SGL.RadixAttention(num_heads=heads, head_dim=head_dim, scaling=head_dim ** -0.5,
-                                        num_kv_heads=heads, layer_id=i))
-            self.layers.append(lay)
-        self.out = w(V, H, s=logit_scale * H ** -0.5)
-        self.lm_head = types.SimpleNamespace(weight=self.out.detach().to(torch.bfloat16))
-        inv = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-        self.inv_freq = inv.to(device)
-
-    def get_input_embeddings(self):
-        return lambda ids: torch.nn.functional.embedding(ids, self.embed)
-
-    @staticmethod
-    def _norm(x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
-
-    def _rope(self, x, pos):  # x [T, h, d]
-        f = pos.to(torch.float32)[:, None] * self.inv_freq[None, :]
-        c, s = f.cos()[:, None, :], f.sin()[:, None, :]
-        x1, x2 = x[..., 0::2], x[..., 1::2]
-        return torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
-
-    def forward(self, input_ids, positions, fb):
-        T = int(input_ids.shape[0])
-        x = torch.nn.functional.embedding(input_ids, self.embed)
-        for lay in self.layers:
-            q, k, v = (self._norm(x) @ lay.wqkv.T).view(T, 3, self.nh, self.hd).unbind(1)
-            q, k = self._rope(q, positions), self._rope(k, positions)
-            a = lay.attn(q.reshape(T, -1).contiguous(), k.reshape(T, -1).contiguous(), v.reshape(T, -1).contiguous(), fb)
-            x = x + a.view(T, -1) @ lay.wo.T
-            h = self._norm(x) @ lay.w1.T
-            g_, u = h.chunk(2, dim=-1)
-            x = x + (torch.nn.functional.silu(g_) * u) @ lay.w2.T
-        hidden = self._norm(x)
-        return hidden @ self.out.T, hidden
 
 
 # ---------------------------------------------------------------------------
