@@ -117,3 +117,16 @@ def test_every_repository_path_in_backticks_exists(doc):
             if not (REPO / word.split("::")[0]).exists():
                 bad.append(span)
     assert not bad, f"{doc.relative_to(REPO)} names paths this repository lacks: {bad}"
+
+
+def test_the_architecture_map_names_every_module():
+    # issue #53: the map lacked drain.py and startup.py; a new module goes in it with its line
+    doc = (REPO / "docs/ARCHITECTURE.md").read_text()
+    block = doc[doc.index("## The map"):doc.index("The layers are contracts")]
+    words = set(re.findall(r"[\w.]+\.py|\w+/", block))
+    src = REPO / "opsctl"
+    missing = [p.relative_to(REPO).as_posix() for p in sorted(src.rglob("*.py"))
+               if "emulator" not in p.relative_to(src).parts and p.name != "__init__.py" and p.name not in words]
+    missing += [p.relative_to(REPO).as_posix() + "/" for p in sorted(src.iterdir())
+                if p.is_dir() and p.name != "__pycache__" and f"{p.name}/" not in words]
+    assert not missing, f"docs/ARCHITECTURE.md's map does not name: {missing}"
