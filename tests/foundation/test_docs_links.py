@@ -130,3 +130,29 @@ def test_the_architecture_map_names_every_module():
     missing += [p.relative_to(REPO).as_posix() + "/" for p in sorted(src.iterdir())
                 if p.is_dir() and p.name != "__pycache__" and f"{p.name}/" not in words]
     assert not missing, f"docs/ARCHITECTURE.md's map does not name: {missing}"
+
+
+def test_the_readme_benchmarks_table_lists_every_benchmark():
+    # issue #53: switch_gap.py and workload_client_overhead.py were missing from it
+    text = (REPO / "README.md").read_text()
+    table = text[text.index("## Benchmarks"):]
+    table = table[:table.index("\n\n", table.index("| script |"))]
+    rows = set(re.findall(r"^\| `(benchmarks/[\w.]+\.py)` \|", table, re.M))
+    scripts = {p.relative_to(REPO).as_posix() for p in (REPO / "benchmarks").glob("*.py")}
+    assert scripts - rows == set(), f"README's benchmarks table lacks {sorted(scripts - rows)}"
+    assert rows - scripts == set(), f"README's benchmarks table names scripts that are gone: {sorted(rows - scripts)}"
+
+
+def test_the_host_layout_names_the_baseline_files_as_the_code_writes_them():
+    # issue #53: ARCHITECTURE said baselines/<model>/<profile>.json; gate/baseline.py writes two files
+    from opsctl.config import load_inventory
+    from opsctl.gate.baseline import baseline_paths, mix_slug
+
+    host = load_inventory(REPO / "inventories/lab").hosts["lab"]
+    run, canary = baseline_paths(host, "ar-tp8")
+    root, model, mix = f"{host.install_root}/", host.model.name, mix_slug(host.gate_policy())
+    doc = (REPO / "docs/ARCHITECTURE.md").read_text()
+    for path in (run, canary):
+        assert path.startswith(root)
+        generic = path[len(root):].replace(model, "<model>").replace("ar-tp8", "<profile>").replace(mix, "<mix>")
+        assert re.search(rf"^\s+{re.escape(generic)}\s", doc, re.M), generic
