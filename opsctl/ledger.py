@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
+from opsctl import __version__
 from opsctl.config import HostConfig
 from opsctl.errors import HostError
 from opsctl.host.connection import Connection
@@ -58,7 +59,10 @@ def append_ledger(conn: Connection, host: HostConfig, record: dict[str, Any]) ->
     sent inline so it works before the first playbook ran): one write under an flock,
     fsynced, a torn last line moved aside first."""
     rollout = _ROLLOUT.get()
-    rec = {"ts": now_iso(), "host": host.name, "who": who(), **({"rollout": rollout} if rollout else {}), **record}
+    # every record the controller writes names the opsctl that wrote it (the host's own programs,
+    # the guard and the watch, write theirs without it)
+    rec = {"ts": now_iso(), "host": host.name, "who": who(), "opsctl_version": __version__,
+           **({"rollout": rollout} if rollout else {}), **record}
     line = json.dumps(rec, sort_keys=False, default=str)
     res = conn.run(f"{host.host_python} -c {shlex.quote(_ledger_append_source())} "
                    f"{shlex.quote(str(host.install_root / 'ledger.jsonl'))}", stdin=line + "\n", check=False)

@@ -13,7 +13,6 @@ from pathlib import Path, PurePosixPath
 
 import jinja2
 
-from opsctl import __version__
 from opsctl.config import HostConfig, Profile
 from opsctl import trialset
 from opsctl.schedule import SCHEDULE_ENV, SCHEDULE_FILE
@@ -151,11 +150,14 @@ def server_env(host: HostConfig, profile: Profile) -> dict[str, str]:
 
 
 def render(host: HostConfig, profile: Profile) -> Rendered:
+    # opsctl's own version is not in the rendered files: they name the release (its id is their
+    # digest), and a controller upgraded to a new opsctl must not restart a host whose serving did
+    # not change. The version goes in the release's manifest.json and ledger records (flow/plan.py).
     argv = server_argv(host, profile)
     env = server_env(host, profile)
     current = host.install_root / "current"
     context = {
-        "opsctl_version": __version__, "profile": profile, "unit_name": host.unit_name,
+        "profile": profile, "unit_name": host.unit_name,
         "service_name": host.service_name, "service_user": host.settings.service_user,
         "install_root": host.install_root, "current": current, "model": host.model,
         "sglang_version": host.runtime.sglang_version,
@@ -177,7 +179,6 @@ def render(host: HostConfig, profile: Profile) -> Rendered:
         "profile": profile_doc, "verify_width": profile.verify_width,
         "argv": argv, "env": env, "service": host.unit_name, "model": host.model.model_dump(mode="json"),
         "sglang_version": host.runtime.sglang_version, "interconnect": host.settings.interconnect,
-        "rendered_by": f"opsctl {__version__}",
     }
     files = {
         host.unit_name: tpl.get_template("sglang.service.j2").render(context),

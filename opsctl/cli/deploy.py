@@ -308,6 +308,7 @@ def register(app: typer.Typer) -> None:
 
         Example: opsctl status -i inventories/lab
         """
+        from opsctl import __version__
         from opsctl.flow.inspect import status
 
         _output.set_json(json_out)
@@ -360,6 +361,10 @@ def register(app: typer.Typer) -> None:
                 _output.info(f"[{r['host']}] note: {r['release']} serves as the deploy guard's last resort "
                              f"({lr.get('ts')}): every fallback failed ({', '.join(lr.get('tried') or [])}), so the "
                              f"release that served when the guard began started again; it was never judged")
+            built = r.get("opsctl_version")
+            if r["release"] and built and built != __version__:
+                _output.info(f"[{r['host']}] note: {r['release']} was built by opsctl {built}; this is opsctl "
+                             f"{__version__}")
             sv = r.get("serving")
             if sv:   # the runtime's own word on what serves (issue #50 item 2)
                 _output.info(f"[{r['host']}] serving: DDTree {sv['active']} (the runtime's /server_info)"

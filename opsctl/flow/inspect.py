@@ -51,6 +51,8 @@ def status(inventory: str | Path | Inventory, *, limit: str | None = None) -> li
                          "matches": serving.same(active, intent), "trial_set": bool(runtime.get("trial_set")),
                          "last_refusal": runtime.get("last_refusal")} if runtime else None),
             "release_label": cur.label if cur else None,
+            # the opsctl that built the live release, as its manifest.json records it
+            "opsctl_version": cur.manifest.get("opsctl_version") if cur else None,
             "verify_width": cur.manifest.get("verify_width") if cur else None,
             "unit": host.unit_name,
             "service": state.service.get("ActiveState"), "sub_state": state.service.get("SubState"),
@@ -77,6 +79,7 @@ def status(inventory: str | Path | Inventory, *, limit: str | None = None) -> li
             "releases": sorted(state.releases), "baseline": baseline,
             # each release's last start that got ready (the ledger's switch records): total and phases
             "releases_on_disk": [{"id": r.id, "profile": r.label, "created_at": r.created_at,
+                                  "opsctl_version": r.manifest.get("opsctl_version"),
                                   "live": r.id == state.current, "last_start": last_start(state.ledger, r.id)}
                                  for r in sorted(state.releases.values(), key=lambda r: r.created_at, reverse=True)],
             "last_start": last_start(state.ledger, state.current),

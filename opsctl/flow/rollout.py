@@ -1,9 +1,9 @@
 """rollout: the waves a deploy across several hosts goes in (`opsctl.rollout`).
 
 The canary host(s) form the first wave on their own; the other hosts are cut into
-batches by Ansible's own `serial` code (PlaybookExecutor._get_serialized_batches with
-its pct_to_int), so `waves: [1, "25%", "100%"]` means here exactly what it means in a
-play. A wave fails when more than `max_fail_percentage` of its hosts failed (Ansible's
+batches by Ansible's `serial` rule (serial_batches, written here from Ansible's documented
+behaviour: no private Ansible API), so `waves: [1, "25%", "100%"]` means here exactly what it
+means in a play. A wave fails when more than `max_fail_percentage` of its hosts failed (Ansible's
 rule: failed / batch size > percentage); the deploy flow (flow/deploy.py) stops there.
 """
 from __future__ import annotations
@@ -12,7 +12,6 @@ import secrets
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from types import SimpleNamespace
 
 from opsctl.config import HostConfig, RolloutPolicy
 from opsctl.errors import ConfigError
@@ -38,16 +37,35 @@ def rollout_policy(hosts: list[HostConfig]) -> RolloutPolicy:
     return first.settings.rollout
 
 
-def serial_batches(names: list[str], serial: list[int | str]) -> list[list[str]]:
-    """NAMES in batches as Ansible cuts a play's hosts for `serial: SERIAL`."""
-    from ansible.executor.playbook_executor import PlaybookExecutor
+def serial_size(item: int | str, total: int) -> int:
+    """One `serial` entry as a host count: an int as written; "P%" is P % of TOTAL (every host
+    of the play, not those left), rounded down but at least 1 (Ansible: "No matter how small
+    the percentage, the number of hosts per pass will always be 1 or greater")."""
+    if isinstance(item, str) and item.strip().endswith("%"):
+        return max(1, int(int(item.strip()[:-1]) / 100.0 * total))
+    return int(item)
 
-    if not names:
-        return []
-    inventory = SimpleNamespace(get_hosts=lambda pattern, order=None: list(names))
-    executor = SimpleNamespace(_inventory=inventory)
-    play = SimpleNamespace(hosts="all", order=None, serial=list(serial))
-    return [list(b) for b in PlaybookExecutor._get_serialized_batches(executor, play)]
+
+def serial_batches(names: list[str], serial: int | str | list[int | str]) -> list[list[str]]:
+    """NAMES in batches as Ansible cuts a play's hosts for `serial: SERIAL` (docs: "Setting
+    the batch size with serial"): an int, a percentage or a list of them, mixed; each entry
+    is one batch, the last entry repeats until every host has had its batch, the last batch
+    holds what is left. A size below 1 (or an empty list) means every host at once."""
+    sizes = list(serial) if isinstance(serial, list) else [serial]
+    hosts = list(names)
+    if not sizes:
+        return [hosts] if hosts else []
+    batches: list[list[str]] = []
+    i = 0
+    while hosts:
+        size = serial_size(sizes[min(i, len(sizes) - 1)], len(names))
+        if size <= 0:
+            batches.append(hosts)
+            break
+        batches.append(hosts[:size])
+        hosts = hosts[size:]
+        i += 1
+    return batches
 
 
 def plan_waves(hosts: list[HostConfig], policy: RolloutPolicy, inventory_hosts: list[str] | None = None) -> list[Wave]:

@@ -64,8 +64,26 @@ def test_deploy_baseline_then_ddtree_then_history(clean_lab, ops):
     assert second["release"] in proc.stdout and "active" in proc.stdout
 
 
+def ensure_promoted(lab, ops, *profile: str) -> str:
+    """PROFILE's release live, active and the ledger's last promotion: as the test before leaves the
+    host when the module runs in order (no deploy then), deployed here when a test runs alone or
+    after another order (issue #53: the idempotence test needed the previous test's deploy)."""
+    rc, plan, err = ops.json("deploy", *profile, "--dry-run")
+    assert rc == 0, err
+    release = plan["outcomes"][0]["release"]
+    state = live(lab)
+    promoted = [r["to_release"] for r in ledger(lab) if r["action"] == "promote"]
+    if not (state["current"] == release and state["active"] == "active" and promoted and promoted[-1] == release):
+        rc, out, err = ops.json("deploy", *profile, *FAST)
+        assert rc == 0 and out["outcomes"][0]["result"] == "promoted", err
+        assert out["outcomes"][0]["release"] == release
+    return release
+
+
 def test_same_deploy_again_changes_nothing(clean_lab, ops):
+    release = ensure_promoted(clean_lab, ops, "ddtree", "--budget", "16")
     before = live(clean_lab)
+    assert before["current"] == release and before["active"] == "active"
     rc, out, err = ops.json("deploy", "ddtree", "--budget", "16", *FAST)
     assert rc == 0, err
     o = out["outcomes"][0]
@@ -86,6 +104,9 @@ def test_dry_run_changes_nothing_and_shows_the_plan(clean_lab, ops, snapshot):
 
 
 def test_rollback_puts_previous_release_back(clean_lab, ops):
+    if len({r["to_release"] for r in ledger(clean_lab) if r["action"] == "promote"}) < 2:   # run alone
+        ensure_promoted(clean_lab, ops, "ar-tp8")
+    ensure_promoted(clean_lab, ops, "ddtree", "--budget", "16")
     recs = ledger(clean_lab)
     promoted = [r["to_release"] for r in recs if r["action"] == "promote"]
     t0 = time.monotonic()
