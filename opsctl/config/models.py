@@ -591,8 +591,10 @@ class HostConfig(_Strict):
         inventory does not name (the watch's defaults)."""
         policy = policy or self.gate_policy(profile)
         fields = profile.model_dump(mode="json") if profile is not None else {"name": "", "kind": ""}
-        return build_spec(fields, policy.model_dump(mode="json"),
-                          self.settings.watch.rules_of(fields["name"]).model_dump(mode="json"), deploy=True)
+        w = self.settings.watch
+        watch = {**w.rules_of(fields["name"]).model_dump(mode="json"), "window_s": w.window_s,
+                 "min_samples": w.min_samples}
+        return build_spec(fields, policy.model_dump(mode="json"), watch, deploy=True)
 
     def profile(self, name: str, budget: int | None = None, budget_schedule: str | None = None, *,
                 trial_set: list[str] | tuple[str, ...] | None = None,
