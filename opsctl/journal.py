@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable, Literal
 
 from opsctl.errors import ConfigError
+from opsctl.onhost import journal_lines
 
 # capture kinds as SGLang names them; LEGACY is the ≤0.5.10 / 0.4.x `Capture cuda graph ...`
 # line, which names neither role (target/draft) nor phase (decode/verify)
@@ -48,7 +49,7 @@ CapturePhase = Literal["begin", "end", "failed", "info"]
 FailureKind = Literal["capture_failed", "cuda_oom", "kv_alloc_failed", "traceback", "fatal"]
 
 # SGLang's ready line (srt/entrypoints/http_server.py), the one definition in opsctl: import it from here
-READY_LINE = "The server is fired up and ready to roll!"
+READY_LINE = journal_lines.READY_LINE   # the one classifier's (opsctl/onhost/journal_lines.py)
 READY_TEXT = READY_LINE  # the earlier name of the same line
 
 
@@ -498,13 +499,7 @@ def lines_from_text(text: str) -> list[LogLine]:
     return out
 
 
-def _message_text(value: Any) -> str:
-    if isinstance(value, list):  # journald exports non-UTF-8 messages as byte arrays
-        try:
-            return bytes(value).decode("utf-8", "replace")
-        except (TypeError, ValueError):
-            return ""
-    return "" if value is None else str(value)
+_message_text = journal_lines.message_text
 
 
 def lines_from_entries(entries: Iterable[dict]) -> list[LogLine]:
@@ -518,14 +513,8 @@ def lines_from_entries(entries: Iterable[dict]) -> list[LogLine]:
                 ts = datetime.fromtimestamp(int(entry["__REALTIME_TIMESTAMP"]) / 1e6, tz=timezone.utc).replace(tzinfo=None)
             except (TypeError, ValueError):
                 ts = None
-        pid_raw = entry.get("_PID") or entry.get("SYSLOG_PID")
-        try:
-            pid = int(pid_raw) if pid_raw is not None else None
-        except (TypeError, ValueError):
-            pid = None
-        ident = entry.get("SYSLOG_IDENTIFIER") or entry.get("_COMM")
-        if pid == 1 and not ident:
-            ident = "systemd"
+        pid = journal_lines.entry_pid(entry)
+        ident = journal_lines.identifier(entry)
         for part in text.splitlines() or [""]:
             msg, sts, rank, tp = _sglang_prefix(part.rstrip("\r").rsplit("\r", 1)[-1])
             if not msg.strip():
@@ -717,17 +706,6 @@ _TB_NOISE = re.compile(r"^(?:Traceback \(most recent|File \"|During handling of|
 # `AssertionError`): what is left of a traceback when the window starts after its header
 _TB_FRAME = re.compile(r'^\s+File "[^"]+", line \d+')
 _TB_EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)(?::\s.*)?$")
-_UNIT_EVENTS = [
-    (re.compile(r"^Started "), "started"),
-    (re.compile(r"^Stopping "), "stopping"),
-    # `systemctl kill` (opsctl's drain and switch stop the server so, issue #49): a requested stop
-    # that prints no `Stopping` line, only this one and `Deactivated successfully`
-    (re.compile(r"Sent signal \w+ to main process \d+.* on client request"), "stopping"),
-    (re.compile(r"^Stopped "), "stopped"),
-    (re.compile(r"Main process exited"), "exited"),
-    (re.compile(r"Failed with result"), "failed"),
-    (re.compile(r"Scheduled restart job"), "restart_scheduled"),
-]
 
 
 # --------------------------------------------------------------------------- parse
@@ -765,10 +743,9 @@ def parse_lines(lines: list[LogLine]) -> ParsedJournal:
 
     for line in lines:
         if line.is_systemd:
-            for pat, kind in _UNIT_EVENTS:
-                if pat.search(line.text):
-                    result.unit_events.append(UnitEvent(kind, line))  # type: ignore[arg-type]
-                    break
+            kind = journal_lines.unit_event(line.text)
+            if kind is not None:
+                result.unit_events.append(UnitEvent(kind, line))  # type: ignore[arg-type]
             result.lines.append(line)
             continue
 

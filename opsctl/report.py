@@ -127,12 +127,10 @@ def gate_limits(verdict: Verdict, baseline: BenchRun) -> list[tuple[int, float, 
     level's own rule as the gate judged it: baseline x (1 + min_speedup) at the speedup level
     (C=1 needs +5 %), baseline x (1 - max_regression) elsewhere (issue #49: the plot drew
     "baseline -15 %" at C=1 too)."""
-    policy = verdict.policy or {}
-    if "max_regression" not in policy:
+    if not verdict.policy and not verdict.analysis:
         return []
-    at = int(policy.get("speedup_concurrency", 1))
-    gain = float(policy.get("min_speedup", 0.0))
-    loss = -float(policy["max_regression"])
+    thr = verdict.spec().throughput      # the thresholds the gate judged by, from its analysis spec
+    at, gain, loss = thr.speedup_concurrency, thr.min_speedup, -thr.max_regression
     out = []
     for lv in baseline.median().levels:
         if lv.level <= 0:
@@ -181,7 +179,6 @@ def plot_png(run: BenchRun, path: str | Path, baseline: BenchRun | None = None, 
     for name, pts in per_workload_accept(run).items():
         any_accept = True
         ax_acc.plot([c for c, _ in pts], [a for _, a in pts], ":", marker=".", label=f"{name} (release)")
-    policy = (verdict.policy or {}) if verdict is not None else {}
     limits = gate_limits(verdict, baseline) if verdict is not None and baseline is not None else []
     if limits:
         words = sorted({w for _, _, w in limits}, key=lambda w: -float(w.split()[0]))
@@ -189,9 +186,8 @@ def plot_png(run: BenchRun, path: str | Path, baseline: BenchRun | None = None, 
                     label="gate limit: baseline " + ", ".join(
                         f"{w} at C={','.join(str(c) for c, _, x in limits if x == w)}" for w in words))
     floor = None
-    if verdict is not None:
-        floors = policy.get("accept_length_floor") or {}
-        floor = floors.get(verdict.profile_kind)
+    if verdict is not None and (verdict.policy or verdict.analysis):
+        floor = verdict.spec().accept_length.floor   # the spec's floor (a profile's own one included)
         if floor is not None:
             ax_acc.axhline(float(floor), linestyle=":", color="tab:red",
                            label=f"gate floor {float(floor):.2f} ({verdict.profile_kind})")

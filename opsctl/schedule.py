@@ -12,7 +12,6 @@ Pure: parsing and checks only, no I/O. Errors are ConfigError (one line + the fi
 """
 from __future__ import annotations
 
-import bisect
 import json
 import re
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from opsctl.errors import ConfigError
 # SGLang's capture list and the padding to it: one copy, shared with the host (opsctl/onhost/capture.py)
 from opsctl.onhost.capture import captured_batch_sizes, pad_to_captured
+from opsctl.onhost.sglang_rules import route
 
 __all__ = ["SCHEDULE_FILE", "SCHEDULE_ENV", "FUSED_TREE_MAX_BUDGET", "RUNTIME_MAX_BUDGET", "EXAMPLE", "Band",
            "BudgetSchedule", "parse", "captured_batch_sizes", "pad_to_captured", "check_for_server", "check_budget", "budget_limit"]
@@ -66,9 +66,7 @@ class BudgetSchedule:
         """The band a running batch of `batch` requests decodes in: padded to the captured
         batch size it replays at (SGLang's AdaptiveSpeculativeParams._route), then the band
         whose lower bound is the largest <= that size."""
-        padded = pad_to_captured(batch, capture_bs)
-        idx = bisect.bisect_right([b.min_bs for b in self.bands], padded) - 1
-        return max(idx, 0)
+        return route([b.min_bs for b in self.bands], batch, capture_bs)
 
     def band_for(self, batch: int, capture_bs: list[int] | None = None) -> Band:
         return self.bands[self.band_index(batch, capture_bs)]

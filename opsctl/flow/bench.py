@@ -12,6 +12,7 @@ from opsctl.config import HostConfig, Inventory
 from opsctl.errors import CheckFailed, ConfigError, OpsctlError
 from opsctl.flow.steps import as_inventory
 from opsctl.gate.baseline import baseline_paths
+from opsctl.host import facts
 from opsctl.host.connection import Connection, connect
 from opsctl.ledger import append_ledger
 from opsctl.releases import read_state, release_profile
@@ -21,7 +22,7 @@ from opsctl.releases import read_state, release_profile
 
 def has_baseline(conn: Connection, host: HostConfig, policy=None) -> bool:
     run_path, canary_path = baseline_paths(host, host.baseline_profile, policy)
-    return conn.run(f"test -s {shlex.quote(run_path)} && test -s {shlex.quote(canary_path)}", check=False).ok
+    return facts.get(conn, facts.NonEmptyFiles((run_path, canary_path)))
 
 
 def require_baseline(conn: Connection, host: HostConfig, policy=None) -> None:
@@ -33,10 +34,8 @@ def require_baseline(conn: Connection, host: HostConfig, policy=None) -> None:
     if has_baseline(conn, host, policy):
         return
     base = f"{host.install_root}/baselines/{host.model.name}"
-    others = conn.run(f"for f in {base}/{host.baseline_profile}*.jsonl; do [ -s \"$f\" ] && head -n 1 \"$f\"; done; "
-                      f"true", check=False).stdout
     mixes = []
-    for line in others.splitlines():
+    for line in facts.get(conn, facts.FirstLines(base, host.baseline_profile, ".jsonl")):
         try:
             meta = json.loads(line)
         except ValueError:
@@ -87,10 +86,10 @@ def save_baseline(conn: Connection, host: HostConfig, profile_name: str, run, po
 
 def load_baseline(conn: Connection, host: HostConfig, policy=None):
     run_path, _ = baseline_paths(host, host.baseline_profile, policy)
-    res = conn.run(f"cat {shlex.quote(run_path)}", check=False)
-    if not res.ok:
+    text = facts.get(conn, facts.TextFile(run_path))
+    if text is None:
         require_baseline(conn, host, policy)
-    return run_from_text(res.stdout, source=f"{host.name}:{run_path}")
+    return run_from_text(text or "", source=f"{host.name}:{run_path}")
 
 
 def drain_deadline_s(conn: Connection, host: HostConfig) -> float:

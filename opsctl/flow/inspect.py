@@ -1,7 +1,6 @@
 """inspect: `opsctl status`, `opsctl history`, and a release's stored bench for `opsctl report`."""
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 from opsctl import watch
@@ -26,13 +25,14 @@ def status(inventory: str | Path | Inventory, *, limit: str | None = None) -> li
     for host in inv.select(limit):
         conn = connect(host)
         try:
-            state = read_state(conn, host)
-            watch_state = watch.brief(conn, host)
-            cur = state.current_release
-            # what the DDTree runtime serves, from the runtime (issue #50 item 2)
-            runtime = (facts.get(conn, ServingDDTree(str(host.host_python), host.http_port), timeout=30)
-                       if cur is not None and cur.kind == "ddtree" and state.service.get("ActiveState") == "active"
-                       else None)
+            with facts.cached(conn):  # each fact read once for this host
+                state = read_state(conn, host)
+                watch_state = watch.brief(conn, host)
+                cur = state.current_release
+                # what the DDTree runtime serves, from the runtime (issue #50 item 2)
+                runtime = (facts.get(conn, ServingDDTree(str(host.host_python), host.http_port), timeout=30)
+                           if cur is not None and cur.kind == "ddtree" and state.service.get("ActiveState") == "active"
+                           else None)
         finally:
             conn.close()
         intent = serving.intended(cur, state.ledger)
@@ -148,11 +148,11 @@ def release_bench(inventory: str | Path | Inventory, release: str, *, limit: str
     host = inv.single(limit)
     conn = connect(host)
     try:
-        res = conn.run(f"cat {host.install_root}/releases/{shlex.quote(release)}/bench.jsonl", check=False)
-        if not res.ok:
+        text = facts.get(conn, facts.TextFile(f"{host.install_root}/releases/{release}/bench.jsonl"))
+        if text is None:
             raise ConfigError(f"no bench results for release {release!r} on {host.name}",
                               "pass a results file, or a release id from 'opsctl history' that was benchmarked")
-        run = run_from_text(res.stdout, source=f"{host.name}:{release}/bench.jsonl")
+        run = run_from_text(text, source=f"{host.name}:{release}/bench.jsonl")
         base = load_baseline(conn, host) if has_baseline(conn, host) else None
         ledger, _ = facts.get(conn, facts.LedgerRecords(str(host.install_root)))
     finally:

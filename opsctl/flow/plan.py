@@ -129,7 +129,13 @@ def secrets_digest(host: HostConfig) -> str | None:
 
 
 def make_plan(conn: Connection, host: HostConfig, profile: Profile, *, verify_weights: bool = False) -> Plan:
-    """Work out what a deploy would change. Reads the host, writes nothing."""
+    """Work out what a deploy would change. Reads the host, writes nothing: each fact once
+    (facts.cached, the run's cache)."""
+    with facts.cached(conn):
+        return _make_plan(conn, host, profile, verify_weights=verify_weights)
+
+
+def _make_plan(conn: Connection, host: HostConfig, profile: Profile, *, verify_weights: bool) -> Plan:
     rendered = render(host, profile)
     wheel = runtime_wheel(host) if profile.kind == "ddtree" else None
     wheel_sha = sha256_file(wheel) if wheel else None
@@ -139,7 +145,7 @@ def make_plan(conn: Connection, host: HostConfig, profile: Profile, *, verify_we
     state = read_state(conn, host)
     current_unit = ""
     if state.current:
-        current_unit = conn.run(f"cat {host.install_root}/current/{host.unit_name} 2>/dev/null", check=False).stdout
+        current_unit = facts.get(conn, facts.TextFile(f"{host.install_root}/current/{host.unit_name}")) or ""
     new_unit = rendered.release_files[host.unit_name]
     diff = "".join(difflib.unified_diff(current_unit.splitlines(True), new_unit.splitlines(True),
                                         fromfile=f"live ({state.current or 'none'})", tofile=f"new ({rid})"))
@@ -147,7 +153,7 @@ def make_plan(conn: Connection, host: HostConfig, profile: Profile, *, verify_we
         if manifest else None
     plan = Plan(host, profile, rendered, rid, state, wheel, wheel_sha, manifest, dplan, diff,
                 verify_weights=verify_weights)
-    env_ready = conn.run(f"test -f {env_python(host).parent.parent}/.opsctl-complete", check=False).ok
+    env_ready = facts.get(conn, facts.IsFile(f"{env_python(host).parent.parent}/.opsctl-complete"))
     if wheel_sha is not None:  # ddtree: the draft head's Triton kernels (read only; compiled, if at all, in stage)
         from opsctl import triton
 

@@ -187,10 +187,21 @@ class Verdict(BaseModel):
     canary: dict | None = None
     attempts: int = 1
     policy: dict[str, Any] = Field(default_factory=dict)
+    # the analysis spec the levels were judged by (AnalysisSpec.to_dict()); readers of a verdict
+    # (opsctl report) take its thresholds from here; None in a verdict recorded before it was kept
+    analysis: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
         return self.status == "pass"
+
+    def spec(self) -> AnalysisSpec:
+        """The rules this verdict judged by: its recorded spec, else (an older record) the spec
+        its recorded policy builds for its kind."""
+        if self.analysis:
+            return AnalysisSpec.from_dict(self.analysis)
+        return GatePolicy.model_validate({k: v for k, v in self.policy.items() if k in GatePolicy.model_fields}) \
+            .analysis(self.profile_kind)
 
     def one_line(self) -> str:
         head = f"gate {self.status.upper()} ({self.profile_kind})"
@@ -441,7 +452,7 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
     # the record states the threshold the spec judged by (a baseline-kind release: no regression)
     recorded = policy.model_copy(update={"min_speedup": thr.min_speedup})
     return Verdict(status=status, profile_kind=profile_kind, rows=rows, reasons=reasons, notes=notes,
-                   canary=canary, policy=recorded.model_dump(mode="json"))
+                   canary=canary, policy=recorded.model_dump(mode="json"), analysis=spec.to_dict())
 
 
 def throughput_decision(policy: GatePolicy, c: int, candidate: list[float], baseline: list[float],

@@ -3,16 +3,18 @@ output (pyinfra's facts are the model: a fact's `command()` and `process()`), te
 captured output and used by the deploy flow, status and the checks.
 
 `get(conn, fact)` runs one fact; `gather(conn, *facts)` runs several in one SSH round trip
-(the readiness probe asks four questions a second).
+(the readiness probe asks four questions a second). Inside `with cached(conn):` (a run that only
+reads: plan, status, report) each fact is read from the host once and asked again from memory.
 """
 from __future__ import annotations
 
 import json
 import re
 import shlex
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Iterator, TypeVar
 
 from opsctl.errors import HostError
 from opsctl.host.connection import Connection, Result
@@ -36,17 +38,78 @@ class Fact(Generic[T]):
         """A fact whose command must succeed raises here (most facts read a failure as 'none')."""
 
 
+# the per-run cache: {id(connection): {fact: value}} while a `cached(conn)` block is open (the block
+# holds the connection, so its id is not reused before the entry goes)
+_CACHES: dict[int, dict] = {}
+
+
+@contextmanager
+def cached(conn: Connection) -> Iterator[None]:
+    """Within the block, a fact (an equal frozen dataclass) is read from the host once: get() and
+    gather() answer a second ask from the first read. For a run that reads only (a deploy's plan,
+    status, report): host state must not change under it; a block that writes calls forget().
+    Nested blocks share the outer one's cache."""
+    outer = id(conn) in _CACHES
+    if not outer:
+        _CACHES[id(conn)] = {}
+    try:
+        yield
+    finally:
+        if not outer:
+            _CACHES.pop(id(conn), None)
+
+
+def forget(conn: Connection) -> None:
+    """Drop what the open cached() block has read (after the block changed the host)."""
+    if id(conn) in _CACHES:
+        _CACHES[id(conn)].clear()
+
+
+def _key(fact: Fact) -> Fact | None:
+    try:
+        hash(fact)
+    except TypeError:   # a fact with a list field: asked each time
+        return None
+    return fact
+
+
 def get(conn: Connection, fact: Fact[T], *, timeout: float = 60) -> T:
+    cache, key = _CACHES.get(id(conn)), _key(fact)
+    if cache is not None and key is not None and key in cache:
+        return cache[key]
     res = conn.run(fact.command(), check=False, timeout=timeout)
     fact.check(res)
-    return fact.process(res.stdout)
+    value = fact.process(res.stdout)
+    if cache is not None and key is not None:
+        cache[key] = value
+    return value
 
 
 _MARK = "--opsctl-fact-{n}--"
 
 
 def gather(conn: Connection, *facts: Fact, timeout: float = 60) -> tuple:
-    """Several facts in one round trip: each command's output framed by a marker line."""
+    """Several facts in one round trip: each command's output framed by a marker line (inside
+    cached(), only the facts not read yet travel)."""
+    cache = _CACHES.get(id(conn))
+    if cache is not None:
+        keys = [_key(f) for f in facts]
+        missing = [f for f, k in zip(facts, keys) if k is None or k not in cache]
+        read = iter(_gather(conn, missing, timeout) if missing else ())
+        values = []
+        for f, k in zip(facts, keys):
+            if k is not None and k in cache:
+                values.append(cache[k])
+            else:
+                v = next(read)
+                if k is not None:
+                    cache[k] = v
+                values.append(v)
+        return tuple(values)
+    return _gather(conn, facts, timeout)
+
+
+def _gather(conn: Connection, facts, timeout: float) -> tuple:
     script = "; ".join(f"( {f.command()} ) 2>/dev/null; echo; echo {_MARK.format(n=i)}" for i, f in enumerate(facts))
     out = conn.run(script, check=False, timeout=timeout).stdout
     values = []
@@ -291,6 +354,68 @@ class FileExists(Fact[bool]):
 
     def process(self, stdout: str) -> bool:
         return stdout.strip() != "no"
+
+
+@dataclass(frozen=True)
+class IsFile(Fact[bool]):
+    """Whether a regular file is there. Only a clear "yes" is True (a marker file that says an
+    environment is complete: output cut short reads as not complete, and it is built again)."""
+
+    path: str
+
+    def command(self) -> str:
+        return f"if [ -f {shlex.quote(str(self.path))} ]; then echo yes; else echo no; fi"
+
+    def process(self, stdout: str) -> bool:
+        return stdout.strip() == "yes"
+
+
+@dataclass(frozen=True)
+class NonEmptyFiles(Fact[bool]):
+    """Whether every one of `paths` is a file with something in it (`test -s`); a clear yes only."""
+
+    paths: tuple[str, ...]
+
+    def command(self) -> str:
+        tests = " && ".join(f"[ -s {shlex.quote(str(p))} ]" for p in self.paths)
+        return f"if {tests}; then echo yes; else echo no; fi"
+
+    def process(self, stdout: str) -> bool:
+        return stdout.strip() == "yes"
+
+
+_ABSENT = "--opsctl-no-file--"
+
+
+@dataclass(frozen=True)
+class TextFile(Fact["str | None"]):
+    """A text file's contents (None: absent or unreadable; "" an empty file)."""
+
+    path: str
+
+    def command(self) -> str:
+        q = shlex.quote(str(self.path))
+        return f"if [ -f {q} ] && [ -r {q} ]; then echo; cat {q}; else echo {_ABSENT}; fi"
+
+    def process(self, stdout: str) -> str | None:
+        head, _, body = stdout.partition("\n")
+        return None if head.strip() == _ABSENT or not _ else body
+
+
+@dataclass(frozen=True)
+class FirstLines(Fact[list]):
+    """The first line of each non-empty file `<directory>/<prefix>*<suffix>` (sorted by name)."""
+
+    directory: str
+    prefix: str
+    suffix: str
+
+    def command(self) -> str:
+        return (f"for f in {shlex.quote(str(self.directory))}/{shlex.quote(self.prefix)}*{shlex.quote(self.suffix)}; "
+                "do [ -s \"$f\" ] && head -n 1 \"$f\"; done; true")
+
+    def process(self, stdout: str) -> list[str]:
+        return [line for line in stdout.splitlines() if line.strip()]
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 its standard library only (Python >= 3.8).
 
   prometheus.py   the one reader of SGLang's /metrics (labels read one way for every user)
-  capture.py      SGLang 0.5.23's CUDA-graph capture list; a budget schedule's undrafted batches
+  sglang_rules.py SGLang 0.5.23's capture list, its clamp, the band routing: the one definition
+                  (the runtime and the emulator carry generated copies)
+  capture.py      a profile's capture list; a budget schedule's undrafted batches
   analysis.py     the analysis spec (the rules a release is held to) and its evaluation
   watch_agent.py  the watch: keeps judging the promoted release (its own systemd unit)
   loadgen.py      the load generator and greedy canary the gate's bench runs on the host

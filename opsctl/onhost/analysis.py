@@ -158,6 +158,15 @@ class RestartRule:
 
 
 @dataclass(frozen=True)
+class WindowRule:
+    """The watch's window: how far back it looks, and the decode samples a metric rule needs
+    there before it judges (an idle or young window is insufficient, never a breach). None in a
+    spec built for the gate alone."""
+    window_s: Optional[float] = None
+    min_samples: Optional[int] = None
+
+
+@dataclass(frozen=True)
 class CanaryRule:
     required: bool                      # gate: greedy output must reproduce the baseline's
 
@@ -172,6 +181,7 @@ class AnalysisSpec:
     errors: ErrorRule
     restarts: RestartRule
     canary: CanaryRule
+    window: WindowRule = WindowRule()
 
     def to_dict(self) -> Dict[str, Any]:
         return {"schema": SCHEMA, **asdict(self)}
@@ -186,7 +196,7 @@ class AnalysisSpec:
         return cls(profile=data["profile"], kind=data["kind"], accept_length=AcceptLengthRule(**acc),
                    throughput=ThroughputRule(**data["throughput"]), interval=IntervalRule(**data["interval"]),
                    errors=ErrorRule(**data["errors"]), restarts=RestartRule(**data["restarts"]),
-                   canary=CanaryRule(**data["canary"]))
+                   canary=CanaryRule(**data["canary"]), window=WindowRule(**(data.get("window") or {})))
 
     def for_release(self, profile: Optional[Mapping[str, Any]]) -> "AnalysisSpec":
         """This spec fitted to a live release's profile (its manifest's): an autoregressive
@@ -214,7 +224,8 @@ class AnalysisSpec:
             "accept_len_floor": self.accept_length.watch_floor,
             "throughput_fraction": self.throughput.baseline_fraction,
             "max_error_rate": self.errors.max_error_rate, "min_requests": self.errors.min_requests,
-            "max_journal_errors": self.errors.max_journal_errors, "max_restarts": self.restarts.max_restarts}
+            "max_journal_errors": self.errors.max_journal_errors, "max_restarts": self.restarts.max_restarts,
+            "window_s": self.window.window_s, "min_samples": self.window.min_samples}
         if self.accept_length.undrafted is not None:
             out["undrafted_batches"] = [list(r) for r in self.accept_length.undrafted]
         return out
@@ -273,7 +284,9 @@ def build_spec(profile: Mapping[str, Any], gate: Mapping[str, Any], watch: Optio
                          min_requests=int(watch["min_requests"]) if watch else None,
                          max_journal_errors=int(watch["max_journal_errors"]) if watch else None),
         restarts=RestartRule(max_restarts=int(watch["max_restarts"]) if watch else None),
-        canary=CanaryRule(required=bool(gate["require_canary"]) and not canary_exempt))
+        canary=CanaryRule(required=bool(gate["require_canary"]) and not canary_exempt),
+        window=WindowRule(window_s=watch.get("window_s") if watch else None,
+                          min_samples=int(watch["min_samples"]) if watch and watch.get("min_samples") else None))
 
 
 # --------------------------------------------------------------------------- the watch's window
@@ -283,12 +296,14 @@ def _median(values):
     return round(statistics.median(values), 3) if values else None
 
 
-def evaluate_window(samples: list, spec: AnalysisSpec, min_samples: int, window_s: float, now: float) -> list:
-    """The watch's findings over the window, one per rule: status ok | breach | insufficient |
-    unknown | n/a. Metric rules need `min_samples` samples taken under decode traffic: an idle
-    server never breaches, and metrics that cannot be read are `unknown`."""
-    if not spec.watched:
+def evaluate_window(samples: list, spec: AnalysisSpec, now: float) -> list:
+    """The watch's findings over the spec's window (spec.window), one per rule: status ok |
+    breach | insufficient | unknown | n/a. Metric rules need the window's `min_samples` samples
+    taken under decode traffic: an idle server never breaches, and metrics that cannot be read
+    are `unknown`. All of the rule is the spec's."""
+    if not spec.watched or spec.window.window_s is None or spec.window.min_samples is None:
         raise ValueError(f"the analysis of {spec.profile or spec.kind!r} was built without the watch's rules")
+    window_s, min_samples = float(spec.window.window_s), int(spec.window.min_samples)
     win = [s for s in samples if s.get("ts", 0) > now - window_s]
     ok = [s for s in win if s.get("status") == "ok"]
     dec = [s for s in ok if s.get("decode")]
@@ -375,8 +390,9 @@ def evaluate_window(samples: list, spec: AnalysisSpec, min_samples: int, window_
     return out
 
 
-def summarise(findings: list, samples: list, window_s: float, now: float) -> str:
-    """healthy | breach | idle | unknown, from a window's findings."""
+def summarise(findings: list, samples: list, spec: AnalysisSpec, now: float) -> str:
+    """healthy | breach | idle | unknown, from a window's findings (over the spec's window)."""
+    window_s = float(spec.window.window_s or 0)
     if any(f["status"] == "breach" for f in findings):
         return "breach"
     win = [s for s in samples if s.get("ts", 0) > now - window_s]

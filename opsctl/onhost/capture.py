@@ -1,16 +1,16 @@
-"""SGLang 0.5.23's CUDA-graph capture list for a speculative server's decode, and what a DDTree
-budget schedule does at each running batch. The one copy: the controller
-(opsctl/schedule.py: render-time checks, the gate's undrafted levels) and the host (the watch
-agent: batches whose accept length is 1 by design) both use it. The lab's SGLang emulator
-keeps SGLang's own copy (it runs on the guest without opsctl);
-tests/foundation/test_onhost_agreement.py holds the two equal.
+"""The CUDA-graph capture list of a profile, and what a DDTree budget schedule does at each
+running batch, for the controller (opsctl/schedule.py: render-time checks, the gate's undrafted
+levels) and the host (the watch agent: batches whose accept length is 1 by design). SGLang's
+rules themselves (the list, the clamp, the routing) are sglang_rules.py's, the one definition
+the runtime and the emulator carry generated copies of.
 
 Standard library only (Python >= 3.8): this module runs on the host.
 """
 from __future__ import annotations
 
-import bisect
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
+
+from .sglang_rules import clamp_to_request_pool, decode_cuda_graph_batch_sizes, pad_to_cuda_graph_bs, route
 
 Band = Tuple[int, int]                 # (smallest running batch, node budget)
 BatchRange = List[Optional[int]]       # [lo, hi]; hi None: every larger batch
@@ -19,21 +19,12 @@ BatchRange = List[Optional[int]]       # [lo, hi]; hi None: every larger batch
 def speculative_decode_batch_sizes(max_bs: int) -> List[int]:
     """SGLang 0.5.23's generate_decode_cuda_graph_batch_sizes, speculative case
     (srt/arg_groups/cuda_graph_hook.py) for --cuda-graph-max-bs-decode `max_bs`."""
-    bs = (list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 65, 4)) + list(range(72, 257, 8))
-          + list(range(272, max_bs + 1, 16)))
-    bs = [b for b in bs if b <= max_bs]
-    if max_bs not in bs:
-        bs.append(max_bs)
-    return bs
+    return decode_cuda_graph_batch_sizes(max_bs, speculative=True)
 
 
 def autoregressive_decode_batch_sizes(max_bs: int) -> List[int]:
     """SGLang 0.5.23's generate_decode_cuda_graph_batch_sizes, non-speculative case."""
-    bs = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16)) + list(range(512, max_bs + 1, 32))
-    bs = [b for b in bs if b <= max_bs]
-    if max_bs not in bs:
-        bs.append(max_bs)
-    return bs
+    return decode_cuda_graph_batch_sizes(max_bs, speculative=False)
 
 
 def captured_batch_sizes(max_bs: int, max_running_requests: Optional[int] = None,
@@ -43,11 +34,7 @@ def captured_batch_sizes(max_bs: int, max_running_requests: Optional[int] = None
     its largest), clamped to --max-running-requests as get_batch_sizes_to_capture does (that
     size is added when the list goes past it)."""
     bs = sorted(set(int(b) for b in explicit)) if explicit else speculative_decode_batch_sizes(max_bs)
-    if max_running_requests:
-        if max(bs) > max_running_requests:
-            bs.append(max_running_requests)
-        bs = [b for b in bs if b <= max_running_requests]
-    return sorted(set(bs))
+    return clamp_to_request_pool(bs, max_running_requests)
 
 
 def profile_captured_batch_sizes(profile: "Mapping[str, Any]", default_max_bs: int = 32) -> List[int]:
@@ -59,11 +46,7 @@ def profile_captured_batch_sizes(profile: "Mapping[str, Any]", default_max_bs: i
 
 def pad_to_captured(batch: int, capture_bs: Optional[Sequence[int]]) -> int:
     """The captured batch size a running batch replays at (itself past the largest)."""
-    if not capture_bs:
-        return batch
-    cs = sorted(capture_bs)
-    i = bisect.bisect_left(cs, batch)
-    return cs[i] if i < len(cs) else batch
+    return pad_to_cuda_graph_bs(batch, capture_bs)
 
 
 def parse_bands(schedule: str) -> List[Band]:
@@ -72,10 +55,9 @@ def parse_bands(schedule: str) -> List[Band]:
 
 
 def band_index(bands: Sequence[Band], batch: int, capture_bs: Optional[Sequence[int]] = None) -> int:
-    """The band a running batch decodes in: padded to the captured size it replays at (SGLang's
-    AdaptiveSpeculativeParams._route), then the band whose lower bound is the largest <= that."""
-    padded = pad_to_captured(batch, capture_bs)
-    return max(bisect.bisect_right([lo for lo, _ in bands], padded) - 1, 0)
+    """The band a running batch decodes in: SGLang's AdaptiveSpeculativeParams._route
+    (sglang_rules.route)."""
+    return route([lo for lo, _ in bands], batch, capture_bs)
 
 
 def undrafted_batches(bands: Sequence[Band], capture_bs: Sequence[int]) -> List[BatchRange]:

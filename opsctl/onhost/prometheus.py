@@ -32,6 +32,8 @@ MAX_LINES = 200_000   # a scrape larger than this is cut there (a runaway label 
 BREAKDOWN_LABEL = "priority"
 _SAMPLE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)')
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+_ESCAPE = re.compile(r'\\(.)')
+_ESCAPED = {"n": "\n", "\\": "\\", '"': '"'}
 _TYPE = re.compile(r'^#\s*TYPE\s+([A-Za-z_:][A-Za-z0-9_:]*)\s+(\w+)')
 
 
@@ -67,6 +69,13 @@ class Metrics(dict):
         return sum(vals) / len(vals) if vals else None
 
 
+def _unescape(value: str) -> str:
+    """A label value as the exposition format escapes it: \\\\, \\" and \\n (anything else kept)."""
+    if "\\" not in value:
+        return value
+    return _ESCAPE.sub(lambda m: _ESCAPED.get(m.group(1), "\\" + m.group(1)), value)
+
+
 def parse(text: str) -> Metrics:
     """Prometheus text exposition -> Metrics (comments other than TYPE skipped, unparseable
     lines ignored)."""
@@ -87,6 +96,6 @@ def parse(text: str) -> Metrics:
             value = float(m.group(4))
         except ValueError:
             continue
-        labels = dict(_LABEL.findall(m.group(3) or ""))
+        labels = {k: _unescape(v) for k, v in _LABEL.findall(m.group(3) or "")}
         out.setdefault(m.group(1), []).append((labels, value))
     return out

@@ -51,11 +51,11 @@ import time
 # imports this module for `opsctl status` and `watch status` and never makes one
 import urllib.error
 
-from . import analysis, diagnosis, prometheus
+from . import analysis, diagnosis, journal_lines, prometheus
+from .journal_lines import READY_LINE
 
 EVENT_SCHEMA = "opsctl.watch.event/1"
 STATE_VERSION = 1
-READY_LINE = "The server is fired up and ready to roll!"
 # bytes a switch needs free under the install root (its links, the ledger's records): the
 # controller's opsctl.flow.switch.SWITCH_ROOM, kept here because this program is stdlib-only
 SWITCH_ROOM = 16 << 20
@@ -69,10 +69,6 @@ M_FINISHED = "sglang:num_requests_total"          # counted when a request finis
 M_ABORTED = "sglang:num_aborted_requests_total"
 M_GEN_TOKENS = "sglang:generation_tokens_total"
 
-RE_CUDA_ERROR = re.compile(r"CUDA error|CUDA out of memory|NCCL error|cudaError")
-RE_TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
-RE_FAILED = re.compile(r"Failed with result '([^']+)'")
-RE_RESTART = re.compile(r"Scheduled restart job")
 
 
 # --------------------------------------------------------------------------- pure parts (unit-tested)
@@ -112,38 +108,9 @@ def sample_from_metrics(parsed: prometheus.Metrics, prev: dict, ts: float) -> tu
 
 
 def classify_journal(entries: list[dict]) -> dict:
-    """Counts in journal entries (journalctl -o json) of the service since the last read."""
-    counts = {"cuda_errors": 0, "tracebacks": 0, "crashes": 0, "restarts": 0, "ready": 0, "lines": 0, "examples": []}
-    for e in entries:
-        msg = e.get("MESSAGE")
-        if isinstance(msg, list):  # journald gives bytes as a list of ints
-            try:
-                msg = bytes(msg).decode("utf-8", "replace")
-            except (TypeError, ValueError):
-                msg = ""
-        msg = str(msg or "")
-        counts["lines"] += 1
-        from_systemd = str(e.get("_PID", "")) == "1" or e.get("SYSLOG_IDENTIFIER") == "systemd"
-        if from_systemd:
-            if RE_FAILED.search(msg):
-                counts["crashes"] += 1
-                _example(counts, msg)
-            elif RE_RESTART.search(msg):
-                counts["restarts"] += 1
-            continue
-        if RE_TRACEBACK.search(msg):
-            counts["tracebacks"] += 1
-        if RE_CUDA_ERROR.search(msg):
-            counts["cuda_errors"] += 1
-            _example(counts, msg)
-        if READY_LINE in msg:
-            counts["ready"] += 1
-    return counts
-
-
-def _example(counts: dict, msg: str) -> None:
-    if len(counts["examples"]) < 3:
-        counts["examples"].append(msg.strip()[:240])
+    """Counts in journal entries (journalctl -o json) of the service since the last read: the
+    one classifier, journal_lines.classify (the controller's journal parser reads lines by it)."""
+    return journal_lines.classify(entries)
 
 
 def baseline_curve(text: str) -> list:
@@ -603,8 +570,8 @@ class Watch:
             st["samples"] = [sample]
         spec = self.analysis_for(manifest)
         rules = spec.watch_rules()
-        findings = analysis.evaluate_window(st["samples"], spec, self.cfg["min_samples"], self.cfg["window_s"], now)
-        verdict = analysis.summarise(findings, st["samples"], self.cfg["window_s"], now)
+        findings = analysis.evaluate_window(st["samples"], spec, now)
+        verdict = analysis.summarise(findings, st["samples"], spec, now)
         paused = self.paused()
         state = ("no-release" if cur is None else "deploying" if view["deploying"] else
                  "tripped" if st.get("tripped") else "paused" if paused else verdict)

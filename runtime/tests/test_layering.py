@@ -8,7 +8,7 @@ import os
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src", "sglang_ddtree")
 
 # bottom first
-ORDER = ["config", "stepparts", "ddtrees", "reference", "schedule", "trialset", "triton_kernels", "tree", "shards", "verify", "head", "aot",
+ORDER = ["config", "stepparts", "ddtrees", "reference", "sglang_rules", "schedule", "trialset", "triton_kernels", "tree", "shards", "verify", "head", "aot",
          "bands", "worker", "plugin", "__init__"]
 
 

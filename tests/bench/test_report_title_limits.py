@@ -56,9 +56,14 @@ def test_the_limit_line_is_each_levels_own_rule():
               GatePolicy(concurrency=[1, 4, 8], max_regression=0.15), profile_kind="ddtree", canary_ran=False)
     limits = {c: (round(t, 1), w) for c, t, w in gate_limits(v, base)}
     assert limits == {1: (105.0, "+5 %"), 4: (255.0, "-15 %"), 8: (425.0, "-15 %")}
-    # a baseline-kind release judged with no gain needed at C=1 (min_speedup -max_regression)
-    ar = v.model_copy(update={"policy": {**v.policy, "min_speedup": -0.15}})
+    # a baseline-kind release judged with no gain needed at C=1 (min_speedup -max_regression): the
+    # limits are the recorded spec's (issue #53), and an older record's (no spec) its policy's
+    thr = {**v.analysis["throughput"], "min_speedup": -0.15}
+    ar = v.model_copy(update={"analysis": {**v.analysis, "throughput": thr}})
     assert {c: w for c, _, w in gate_limits(ar, base)} == {1: "-15 %", 4: "-15 %", 8: "-15 %"}
+    older = v.model_copy(update={"analysis": None, "policy": {**v.policy, "min_speedup": -0.15}})
+    assert {c: w for c, _, w in gate_limits(older, base)} == {1: "-15 %", 4: "-15 %", 8: "-15 %"}
+    assert v.model_copy(update={"policy": {**v.policy, "min_speedup": -0.15}}).spec().throughput.min_speedup == 0.05
 
 
 def test_the_plot_legend_names_each_levels_limit(tmp_path, monkeypatch):
@@ -79,3 +84,28 @@ def test_the_plot_legend_names_each_levels_limit(tmp_path, monkeypatch):
     plot_png(mk(CAND, {"release": "ddtree-b16"}, accept=3.0), tmp_path / "p.png", base, verdict=v)
     (limit,) = [x for x in labels if x.startswith("gate limit")]
     assert limit == "gate limit: baseline +5 % at C=1, -15 % at C=4,8", limit
+
+
+def test_the_plot_draws_the_floor_the_gate_judged_by(tmp_path, monkeypatch):
+    """A profile's own accept-length floor (3.5) is the spec's, not the policy's table for the kind
+    (2.0): the plot draws the floor the levels were held to (issue #53)."""
+    from matplotlib.axes import Axes
+
+    from opsctl.onhost.analysis import build_spec
+
+    lines: list[str] = []
+    real = Axes.axhline
+
+    def axhline(self, *a, **kw):
+        lines.append(kw.get("label", ""))
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Axes, "axhline", axhline)
+    base = mk(BASE, {"release": "ar-tp8"})
+    policy = GatePolicy(concurrency=[1, 4, 8], max_regression=0.15)
+    spec = build_spec({"name": "ddtree", "kind": "ddtree", "accept_len_floor": 3.5}, policy.model_dump(mode="json"))
+    cand = mk(CAND, {"release": "ddtree-b16"}, accept=3.0)
+    v = judge(cand, base, policy, profile_kind="ddtree", canary_ran=False, spec=spec)
+    assert any("accept length 3.00 below the ddtree floor 3.50" in r for r in v.reasons)
+    plot_png(cand, tmp_path / "p.png", base, verdict=v)
+    assert [x for x in lines if x.startswith("gate floor")] == ["gate floor 3.50 (ddtree)"]

@@ -188,3 +188,65 @@ def test_package_versions_come_from_metadata_and_a_missing_python_has_none():
     assert facts.get(conn, facts.PythonPackages("/nonexistent/python", ("torch",))) == {"torch": None}
     assert facts.PythonPackages("p", ("torch", "triton")).process('{"torch": "2.9.1", "triton": 3}') == {
         "torch": "2.9.1", "triton": None}
+
+
+# --------------------------------------------------------------------------- files, and the run's cache (issue #53)
+
+def test_file_facts_on_a_real_shell(tmp_path):
+    """The plan's live unit, the baseline's files and a release's bench are read through these:
+    absent and empty are told apart, a marker file is only there on a clear yes."""
+    conn = LocalConnection()
+    (tmp_path / "unit").write_text("[Service]\nExecStart=x\n")
+    (tmp_path / "empty").write_text("")
+    (tmp_path / "ar-tp8.random.jsonl").write_text('{"record": "meta", "workload_mix": "chat"}\nrest\n')
+    (tmp_path / "ar-tp8.code.jsonl").write_text('{"record": "meta", "workload_mix": "code"}\n')
+    (tmp_path / "ar-ep8.random.jsonl").write_text('{"record": "meta"}\n')
+    assert facts.get(conn, facts.TextFile(str(tmp_path / "unit"))) == "[Service]\nExecStart=x\n"
+    assert facts.get(conn, facts.TextFile(str(tmp_path / "empty"))) == ""
+    assert facts.get(conn, facts.TextFile(str(tmp_path / "nothing"))) is None
+    assert facts.get(conn, facts.IsFile(str(tmp_path / "empty"))) is True
+    assert facts.get(conn, facts.IsFile(str(tmp_path))) is False
+    assert facts.get(conn, facts.NonEmptyFiles((str(tmp_path / "unit"), str(tmp_path / "empty")))) is False
+    assert facts.get(conn, facts.NonEmptyFiles((str(tmp_path / "unit"),))) is True
+    assert facts.get(conn, facts.FirstLines(str(tmp_path), "ar-tp8", ".jsonl")) == [
+        '{"record": "meta", "workload_mix": "code"}', '{"record": "meta", "workload_mix": "chat"}']
+    assert facts.get(conn, facts.FirstLines(str(tmp_path / "none"), "ar-tp8", ".jsonl")) == []
+    # in one round trip, a file's own blank lines and the framing kept apart
+    (tmp_path / "blank").write_text("\n\nx\n\n")
+    got = facts.gather(conn, facts.TextFile(str(tmp_path / "blank")), facts.TextFile(str(tmp_path / "nothing")),
+                       facts.IsFile(str(tmp_path / "unit")))
+    assert got == ("\n\nx\n\n", None, True)
+
+
+def test_output_cut_short_is_no_file_and_no_marker():
+    assert facts.TextFile("/x").process("") is None
+    assert facts.IsFile("/x").process("") is False and facts.NonEmptyFiles(("/x",)).process("") is False
+
+
+class Counting(LocalConnection):
+    def __init__(self):
+        self.commands: list[str] = []
+
+    def run(self, command, **kw):
+        self.commands.append(command)
+        return super().run(command, **kw)
+
+
+def test_the_runs_cache_reads_each_fact_once(tmp_path):
+    (tmp_path / "f").write_text("one\n")
+    conn = Counting()
+    with facts.cached(conn):
+        assert facts.get(conn, facts.TextFile(str(tmp_path / "f"))) == "one\n"
+        (tmp_path / "f").write_text("two\n")       # a block that changes the host must forget()
+        assert facts.get(conn, facts.TextFile(str(tmp_path / "f"))) == "one\n"
+        assert len(conn.commands) == 1
+        # gather sends only what is not read yet, and answers in the order asked
+        got = facts.gather(conn, facts.IsFile(str(tmp_path / "f")), facts.TextFile(str(tmp_path / "f")))
+        assert got == (True, "one\n") and len(conn.commands) == 2 and "cat" not in conn.commands[-1]
+        with facts.cached(conn):                     # nested: the outer cache
+            assert facts.get(conn, facts.IsFile(str(tmp_path / "f"))) is True and len(conn.commands) == 2
+        facts.forget(conn)
+        assert facts.get(conn, facts.TextFile(str(tmp_path / "f"))) == "two\n" and len(conn.commands) == 3
+    assert facts.get(conn, facts.TextFile(str(tmp_path / "f"))) == "two\n" and len(conn.commands) == 4
+    facts.get(conn, facts.TextFile(str(tmp_path / "f")))
+    assert len(conn.commands) == 5                   # outside a block every ask goes to the host

@@ -75,7 +75,7 @@ def test_the_archive_is_the_same_bytes_for_the_same_sources():
 
 # --------------------------------------------------------------------------- one analysis
 
-WATCH_RULES = ("  watch:\n    enabled: true\n    rules:\n"
+WATCH_RULES = ("  watch:\n    enabled: true\n    window_s: 90\n    min_samples: 3\n    rules:\n"
                "      ddtree: {accept_len_floor: 3.0, throughput_fraction: 0.25}\n"
                "      ar-tp8: {max_restarts: 2}\n")
 
@@ -158,11 +158,11 @@ def test_the_controller_and_the_host_evaluate_a_window_alike(host, pyz, window):
     manifests = {k: {"profile": p.model_dump(mode="json")} for k, p in profiles.items()}
     got = on_host(pyz, "from opsctl_onhost import analysis, watch_agent\n"
                        "w = watch_agent.Watch.__new__(watch_agent.Watch)\nw.cfg = data['cfg']\n"
-                       "result = {k: analysis.evaluate_window(data['samples'], w.analysis_for(m), 3, 60, 1000.0)\n"
+                       "result = {k: analysis.evaluate_window(data['samples'], w.analysis_for(m), 1000.0)\n"
                        "          for k, m in data['manifests'].items()}",
                   {"cfg": json.loads(json.dumps(cfg)), "manifests": manifests, "samples": samples})
     for k, p in profiles.items():
-        mine = analysis.evaluate_window(samples, host.analysis(p), 3, 60, 1000.0)
+        mine = analysis.evaluate_window(samples, host.analysis(p), 1000.0)   # the window is the spec's
         assert got[k] == json.loads(json.dumps(mine)), (window, k)
         status = {f["rule"]: f["status"] for f in mine}
         for rule, want in EXPECT[window].get(k, {}).items():   # the windows mean what their names say

@@ -68,50 +68,50 @@ def test_metrics_without_the_gauges_are_unknown_not_idle():
 def test_accept_length_below_floor_breaches_only_with_min_decode_samples():
     now = 1000.0
     few = [decode_sample(now - 10 * i, accept=1.5) for i in range(3)]
-    f = by_rule(analysis.evaluate_window(few, spec_with(RULES), 4, 60, now))
+    f = by_rule(analysis.evaluate_window(few, spec_with(RULES, min_samples=4, window_s=60), now))
     assert f["accept_length"]["status"] == "insufficient"
     enough = [decode_sample(now - 10 * i, accept=1.5) for i in range(5)]
-    f = by_rule(analysis.evaluate_window(enough, spec_with(RULES), 4, 60, now))
+    f = by_rule(analysis.evaluate_window(enough, spec_with(RULES, min_samples=4, window_s=60), now))
     assert f["accept_length"]["status"] == "breach"
     assert f["accept_length"]["observed"] == 1.5 and f["accept_length"]["threshold"] == 2.0
     assert "1.50 < floor 2.00" in f["accept_length"]["detail"]
     healthy = [decode_sample(now - 10 * i) for i in range(5)]
-    assert by_rule(analysis.evaluate_window(healthy, spec_with(RULES), 4, 60, now))["accept_length"]["status"] == "ok"
+    assert by_rule(analysis.evaluate_window(healthy, spec_with(RULES, min_samples=4, window_s=60), now))["accept_length"]["status"] == "ok"
 
 
 def test_samples_outside_the_window_do_not_count():
     now = 1000.0
     old = [decode_sample(now - 100 - i, accept=1.2) for i in range(10)]
-    f = by_rule(analysis.evaluate_window(old, spec_with(RULES), 4, 60, now))
+    f = by_rule(analysis.evaluate_window(old, spec_with(RULES, min_samples=4, window_s=60), now))
     assert f["accept_length"]["status"] == "insufficient"
 
 
 def test_idle_never_breaches_even_with_a_stale_low_gauge():
     now = 1000.0
     samples = [idle_sample(now - 5 * i) for i in range(20)]
-    findings = analysis.evaluate_window(samples, spec_with(RULES), 4, 60, now)
+    findings = analysis.evaluate_window(samples, spec_with(RULES, min_samples=4, window_s=60), now)
     assert not [f for f in findings if f["status"] == "breach"]
-    assert analysis.summarise(findings, samples, 60, now) == "idle"
+    assert analysis.summarise(findings, samples, spec_with(RULES, window_s=60), now) == "idle"
 
 
 def test_unreadable_metrics_are_unknown_and_never_breach():
     now = 1000.0
     samples = [{"ts": now - 5 * i, "status": "unknown", "why": "GET /metrics: HTTP 404", "journal": None}
                for i in range(20)]
-    findings = analysis.evaluate_window(samples, spec_with(RULES), 4, 60, now)
+    findings = analysis.evaluate_window(samples, spec_with(RULES, min_samples=4, window_s=60), now)
     assert not [f for f in findings if f["status"] == "breach"]
-    assert analysis.summarise(findings, samples, 60, now) == "unknown"
+    assert analysis.summarise(findings, samples, spec_with(RULES, window_s=60), now) == "unknown"
 
 
 def test_throughput_below_the_baseline_curve_by_more_than_the_fraction():
     now = 1000.0
     slow = [decode_sample(now - 5 * i, tps=150.0, expected=300.0) for i in range(5)]
-    f = by_rule(analysis.evaluate_window(slow, spec_with(RULES), 4, 60, now))["throughput"]
+    f = by_rule(analysis.evaluate_window(slow, spec_with(RULES, min_samples=4, window_s=60), now))["throughput"]
     assert f["status"] == "breach" and f["observed"] == 0.5 and f["threshold"] == 0.7
     near = [decode_sample(now - 5 * i, tps=250.0, expected=300.0) for i in range(5)]
-    assert by_rule(analysis.evaluate_window(near, spec_with(RULES), 4, 60, now))["throughput"]["status"] == "ok"
+    assert by_rule(analysis.evaluate_window(near, spec_with(RULES, min_samples=4, window_s=60), now))["throughput"]["status"] == "ok"
     no_curve = [decode_sample(now - 5 * i, expected=None) for i in range(5)]
-    f = by_rule(analysis.evaluate_window(no_curve, spec_with(RULES), 4, 60, now))
+    f = by_rule(analysis.evaluate_window(no_curve, spec_with(RULES, min_samples=4, window_s=60), now))
     assert f["throughput"]["status"] == "unknown"
 
 
@@ -132,13 +132,13 @@ def test_baseline_curve_from_a_stored_bench_and_interpolation():
 def test_abort_rate_and_journal_errors():
     now = 1000.0
     bursty = [decode_sample(now - 5 * i, finished=4, aborted=2) for i in range(5)]
-    f = by_rule(analysis.evaluate_window(bursty, spec_with(RULES), 4, 60, now))["errors"]
+    f = by_rule(analysis.evaluate_window(bursty, spec_with(RULES, min_samples=4, window_s=60), now))["errors"]
     assert f["status"] == "breach" and f["aborted"] == 10 and f["requests"] == 30
     few = [decode_sample(now - 5 * i, finished=1, aborted=1) for i in range(3)]
-    assert by_rule(analysis.evaluate_window(few, spec_with(RULES), 4, 60, now))["errors"]["status"] == "insufficient"
+    assert by_rule(analysis.evaluate_window(few, spec_with(RULES, min_samples=4, window_s=60), now))["errors"]["status"] == "insufficient"
     noisy = [decode_sample(now - 5 * i) for i in range(5)]
     noisy[0]["journal"] = {"cuda_errors": 3, "tracebacks": 2, "crashes": 0, "restarts": 0, "examples": ["CUDA error"]}
-    assert by_rule(analysis.evaluate_window(noisy, spec_with(RULES), 4, 60, now))["errors"]["status"] == "breach"
+    assert by_rule(analysis.evaluate_window(noisy, spec_with(RULES, min_samples=4, window_s=60), now))["errors"]["status"] == "breach"
 
 
 def test_crash_loop_breaches_on_failed_exits_even_without_metrics():
@@ -153,9 +153,9 @@ def test_crash_loop_breaches_on_failed_exits_even_without_metrics():
     assert j == {**j, "cuda_errors": 1, "tracebacks": 1, "crashes": 1, "restarts": 1}
     now = 1000.0
     one = [{"ts": now - 20, "status": "unknown", "journal": j}]
-    assert by_rule(analysis.evaluate_window(one, spec_with(RULES), 4, 60, now))["restarts"]["status"] == "ok"
+    assert by_rule(analysis.evaluate_window(one, spec_with(RULES, min_samples=4, window_s=60), now))["restarts"]["status"] == "ok"
     two = one + [{"ts": now - 5, "status": "unknown", "journal": j}]
-    f = by_rule(analysis.evaluate_window(two, spec_with(RULES), 4, 60, now))["restarts"]
+    f = by_rule(analysis.evaluate_window(two, spec_with(RULES, min_samples=4, window_s=60), now))["restarts"]
     assert f["status"] == "breach" and f["observed"] == 2
     # a clean stop (a deploy's restart) is not a crash
     clean = agent.classify_journal([{"MESSAGE": "sglang-k26.service: Deactivated successfully.", "_PID": "1"}])
@@ -165,10 +165,10 @@ def test_crash_loop_breaches_on_failed_exits_even_without_metrics():
 def test_autoregressive_profiles_have_no_accept_floor():
     # even with a floor configured: the profile's analysis has none after promotion
     spec = analysis.build_spec({"name": "ar-tp8", "kind": "autoregressive"}, GatePolicy().model_dump(),
-                               {**RULES, "accept_len_floor": 2.0})
+                               {**RULES, "accept_len_floor": 2.0, "window_s": 120, "min_samples": 4})
     assert spec.accept_length.watch_floor is None and spec.watch_rules()["accept_len_floor"] is None
-    f = by_rule(analysis.evaluate_window([decode_sample(1000.0 - i, accept=None) for i in range(5)], spec, 4, 60,
-                                         1000.0))
+    assert spec.window == analysis.WindowRule(window_s=120, min_samples=4)   # the rule's window is the spec's
+    f = by_rule(analysis.evaluate_window([decode_sample(1000.0 - i, accept=None) for i in range(5)], spec, 1000.0))
     assert f["accept_length"]["status"] == "n/a"
 
 
@@ -272,13 +272,13 @@ def test_a_budget_schedules_undrafted_batches_do_not_count_against_the_accept_fl
     rules = {**RULES, "undrafted_batches": undrafted("1:16,8:4,32:0", 32)}
     busy = [decode_sample(100 + i, accept=1.0, running=32) for i in range(6)]
     low = [decode_sample(200 + i, accept=4.8, running=2) for i in range(6)]
-    f = by_rule(analysis.evaluate_window(busy + low, spec_with(rules), 3, 600, 300))
+    f = by_rule(analysis.evaluate_window(busy + low, spec_with(rules, min_samples=3, window_s=600), 300))
     assert f["accept_length"]["status"] == "ok" and f["accept_length"]["samples"] == 6
     # without the schedule: the busy samples drag it
-    f = by_rule(analysis.evaluate_window(busy + low, spec_with(RULES), 3, 600, 300))
+    f = by_rule(analysis.evaluate_window(busy + low, spec_with(RULES, min_samples=3, window_s=600), 300))
     assert f["accept_length"]["observed"] < 4.8
     collapsed = [decode_sample(200 + i, accept=1.3, running=2) for i in range(6)]
-    f = by_rule(analysis.evaluate_window(busy + collapsed, spec_with(rules), 3, 600, 300))
+    f = by_rule(analysis.evaluate_window(busy + collapsed, spec_with(rules, min_samples=3, window_s=600), 300))
     assert f["accept_length"]["status"] == "breach"
 
 
@@ -309,7 +309,7 @@ def test_throughput_words_name_the_judged_ratio_beside_medians_that_need_not_div
     now = 1000.0
     pairs = [(135.0, 150.0), (195.0, 300.0), (150.0, 300.0), (150.0, 150.0), (50.0, 100.0)]
     dec = [decode_sample(now - 5 * i, tps=t, expected=e) for i, (t, e) in enumerate(pairs)]
-    f = by_rule(analysis.evaluate_window(dec, spec_with(RULES), 4, 60, now))["throughput"]
+    f = by_rule(analysis.evaluate_window(dec, spec_with(RULES, min_samples=4, window_s=60), now))["throughput"]
     assert f["status"] == "breach" and f["observed"] < 0.7 < f["gen_tps"] / f["baseline_tps"]
     assert f["detail"].startswith(f"median per-sample ratio {f['observed']:.2f} x the baseline (below the 0.70 limit")
     assert f"median {f['gen_tps']:.1f} tok/s" in f["detail"] and f"baseline's {f['baseline_tps']:.1f}" in f["detail"]

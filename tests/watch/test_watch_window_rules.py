@@ -88,7 +88,7 @@ def _crash_loop_verdicts(window: float, restart: float, interval: float) -> set[
                     "journal": {"cuda_errors": 0, "tracebacks": 0, "crashes": seen.count(t), "restarts": 0,
                                 "examples": []}} for t in ticks if t <= now]
         rules = {"max_restarts": 1, "accept_len_floor": None, "throughput_fraction": None}
-        found = {f["rule"]: f for f in analysis.evaluate_window(samples, spec_with(rules), 3, window, now)}
+        found = {f["rule"]: f for f in analysis.evaluate_window(samples, spec_with(rules, min_samples=3, window_s=window), now)}
         out.add(found["restarts"]["status"])
     return out
 

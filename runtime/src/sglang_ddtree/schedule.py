@@ -32,7 +32,6 @@ that band's width.
 
 from __future__ import annotations
 
-import bisect
 import json
 import os
 import re
@@ -40,6 +39,7 @@ from dataclasses import dataclass
 from typing import Iterable, List, Mapping, Optional, Sequence
 
 from .config import MAX_BUDGET
+from .sglang_rules import band_of_padded, clamp_to_request_pool, decode_cuda_graph_batch_sizes, pad_to_cuda_graph_bs
 
 ENV_SCHEDULE_FILE = "SGLANG_DDTREE_SCHEDULE_FILE"
 
@@ -180,13 +180,10 @@ class BudgetSchedule:
         return self._cuda_graph_bs
 
     def pad_to_cuda_graph_bs(self, batch_size: int) -> int:
-        if self._cuda_graph_bs is None:
-            return int(batch_size)
-        idx = bisect.bisect_left(self._cuda_graph_bs, int(batch_size))
-        return self._cuda_graph_bs[idx] if idx < len(self._cuda_graph_bs) else int(batch_size)
+        return pad_to_cuda_graph_bs(batch_size, self._cuda_graph_bs)
 
     def band_index_of_padded(self, padded_bs: int) -> int:
-        return max(0, bisect.bisect_right(self._min_bs, int(padded_bs)) - 1)
+        return band_of_padded(self._min_bs, padded_bs)
 
     def band_index(self, batch_size: int) -> int:
         return self.band_index_of_padded(self.pad_to_cuda_graph_bs(batch_size))
@@ -241,13 +238,6 @@ def load_schedule(num_draft_tokens, environ: Optional[Mapping[str, str]] = None)
 
 def sglang_capture_bs(max_bs: int) -> List[int]:
     """The decode batch sizes SGLang 0.5.23 captures for a speculative server with
-    ``--cuda-graph-max-bs-decode max_bs`` (``generate_decode_cuda_graph_batch_sizes``
-    in srt/arg_groups/cuda_graph_hook.py, speculative case, padding on; opsctl's
-    ``schedule.captured_batch_sizes`` is the same list)."""
-    max_bs = int(max_bs)
-    bs = (list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 65, 4)) + list(range(72, 257, 8))
-          + list(range(272, max_bs + 1, 16)))
-    bs = [b for b in bs if b <= max_bs]
-    if max_bs not in bs:
-        bs.append(max_bs)
-    return sorted(set(bs))
+    ``--cuda-graph-max-bs-decode max_bs`` (sglang_rules.decode_cuda_graph_batch_sizes, the
+    generated copy of opsctl's one definition), sorted and unique."""
+    return clamp_to_request_pool(decode_cuda_graph_batch_sizes(max_bs, speculative=True), None)

@@ -20,6 +20,7 @@ from sglang.lab import ddtree_runtime
 from sglang.lab import faults as faults_mod
 from sglang.lab import flags, gpu, perf, startup
 from sglang.lab import schedule as schedule_mod
+from sglang.lab import sglang_rules
 from sglang.lab.log import log, fatal_traceback
 
 BUILTIN_ALGOS = {"DFLASH", "EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DSPARK", "UNO", "FROZEN_KV_MTP"}
@@ -64,21 +65,14 @@ def _check_dir_with_config(path: str | None) -> dict:
 
 
 def _capture_bs(args, speculative: bool) -> list[int]:
+    """The decode capture list: --cuda-graph-bs-decode as given, else SGLang's own list
+    (sglang_rules, the generated copy of opsctl's one definition) up to the max bs."""
     if args.cuda_graph_bs_decode:
         return sorted(set(args.cuda_graph_bs_decode))
     max_bs = args.cuda_graph_max_bs_decode or (args.max_running_requests and min(args.max_running_requests, 256)) or \
         (64 if speculative else 256)
-    if args.disable_cuda_graph_padding:
-        bs = list(range(1, max_bs + 1))
-    elif not speculative:
-        bs = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16)) + list(range(512, max_bs + 1, 32))
-    else:
-        bs = (list(range(1, 9)) + list(range(10, 33, 2)) + list(range(40, 65, 4)) + list(range(72, 257, 8))
-              + list(range(272, max_bs + 1, 16)))
-    bs = [b for b in bs if b <= max_bs]
-    if max_bs not in bs:
-        bs.append(max_bs)
-    return bs
+    return sglang_rules.decode_cuda_graph_batch_sizes(max_bs, speculative=speculative,
+                                                      disable_padding=bool(args.disable_cuda_graph_padding))
 
 
 def _server_args_repr(args) -> str:

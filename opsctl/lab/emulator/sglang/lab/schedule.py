@@ -4,13 +4,15 @@ The runtime (runtime/README.md, "Budget schedule") reads bands of running batch 
 their node budget from the JSON file named by SGLANG_DDTREE_SCHEDULE_FILE; a step's band
 comes from the CUDA-graph batch size the running batch pads to (SGLang 0.5.23's
 AdaptiveSpeculativeParams._route), so every captured batch size has one verify width.
-The emulator runs on the lab host without opsctl: this is its own small copy.
+The emulator runs on the lab host without opsctl: the routing is sglang_rules.route, the
+generated copy of opsctl's one definition (opsctl/onhost/sglang_rules.py).
 """
 from __future__ import annotations
 
-import bisect
 import json
 import os
+
+from sglang.lab import sglang_rules
 
 ENV = "SGLANG_DDTREE_SCHEDULE_FILE"
 
@@ -30,10 +32,7 @@ class Schedule:
         return [b + 1 for _, b in self.bands]
 
     def index(self, batch: int) -> int:
-        cs = self.capture_bs
-        i = bisect.bisect_left(cs, batch)
-        padded = cs[i] if cs and i < len(cs) else batch
-        return max(bisect.bisect_right(self._lows, padded) - 1, 0)
+        return sglang_rules.route(self._lows, batch, self.capture_bs)
 
     def budget(self, batch: int) -> int:
         return self.bands[self.index(batch)][1]

@@ -13,7 +13,6 @@ perf.Model; every --decode-log-interval decode steps TP0 logs SGLang's
 from __future__ import annotations
 
 import asyncio
-import bisect
 import collections
 import datetime
 import json
@@ -27,7 +26,7 @@ import uuid
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from sglang.lab import gpu, perf, runtime_msgs, startup as startup_mod, textgen
+from sglang.lab import gpu, perf, runtime_msgs, sglang_rules, startup as startup_mod, textgen
 from sglang.lab.faults import crash_loop_delay
 from sglang.lab.log import fatal_traceback, log
 
@@ -504,9 +503,7 @@ class Emulator:
     def _graph_bs(self, batch: int) -> int:
         """The batch a decode step's forward runs at: the smallest captured size >= the running batch
         (padded, as DecodeCudaGraphRunner replays it); itself past the largest graph or without graphs."""
-        if not self.capture_bs or batch > self.capture_bs[-1]:
-            return batch
-        return self.capture_bs[bisect.bisect_left(self.capture_bs, batch)]
+        return sglang_rules.pad_to_cuda_graph_bs(batch, self.capture_bs)
 
     def _drafts_per_round(self, r: Req, now: float | None = None) -> float:
         """Mean accepted drafts per round for this request: the model's acceptance scaled by
