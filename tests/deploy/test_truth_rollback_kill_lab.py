@@ -32,7 +32,7 @@ def test_kill_during_the_automatic_rollback_leaves_the_switch_on_the_hosts_recor
     if live(truth_lab)["current"] != base:
         p = opsctl("rollback", "--to", "baseline", inv=truth_lab.inv)
         assert p.returncode == 0, p.stderr
-    n0 = len(ledger(truth_lab))
+    n0 = len(ledger(truth_lab, raw=True))
     # the gate fails (DDTree's acceptance collapses); the baseline's start, the rollback's, takes 25 s
     # more: the controller is killed once the rollback's switch is made, while it waits for that start
     truth_lab.set_fault("accept_collapse", algorithm="DDTREE")
@@ -51,7 +51,7 @@ def test_kill_during_the_automatic_rollback_leaves_the_switch_on_the_hosts_recor
     finally:
         truth_lab.clear_faults()
     assert no_orphans(truth_lab, truth_lab.inv) == ""
-    raw = ledger(truth_lab)[n0:]
+    raw = ledger(truth_lab, raw=True)[n0:]   # as written: the host's switch records and the controller's starts
     sw = _rollback_switch(truth_lab, "ddtree-b9-")
     bad = sw["from_release"]
     # the switch's record was written on the host by the switch itself, stamped with the host's time
@@ -68,7 +68,7 @@ def test_kill_during_the_automatic_rollback_leaves_the_switch_on_the_hosts_recor
     # its time no `guard unchanged` (nor any other record of it)
     time.sleep(max(0.0, killed_at + 20 - time.time()))
     assert truth_lab.run(f"systemctl is-active {GUARD_UNIT}.timer", check=False).stdout.strip() != "active"
-    after = ledger(truth_lab)[n0:]
+    after = ledger(truth_lab, raw=True)[n0:]
     assert not [r for r in after if r.get("action") == "guard" or r.get("reason") == "guard-timeout"], after[-5:]
     assert live(truth_lab)["current"] == base and live(truth_lab)["active"] == "active"
 
