@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,6 +149,10 @@ class Gap:
     time_scale: float | None = None  # the lab's (its emulator's journal line): site = lab x scale
     startup: dict = field(default_factory=dict)   # the start's phases at the site's scale, and the comparison
                                                   # with the last start of its profile (Startup.as_record)
+    # the switch's record is written on the host by bin/opsctl-switch (switch_record, issue #50); the
+    # controller's record after the start (start_record) names it by this id
+    switch_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    recorded_on_host: bool = False   # bin/opsctl-switch appended switch_record
 
     @staticmethod
     def now() -> float:
@@ -179,7 +184,8 @@ class Gap:
 
     def record(self) -> dict:
         rec: dict[str, Any] = {
-            "action": "switch", "result": self.result, "why": self.why, "from_release": self.from_release,
+            "action": "switch", "result": self.result, "switch_id": self.switch_id, "why": self.why,
+            "from_release": self.from_release,
             "to_release": self.to_release, "drain": self.drain, "hooks": self.hooks, "deadline_s": self.deadline_s,
             "drain_s": self.drain_s, "stop_s": self.stop_s, "start_s": self.start_s, "gap_s": self.gap_s,
             "out_of_pool_s": self.out_of_pool_s, "inflight_at_start": self.inflight_at_start,
@@ -193,6 +199,28 @@ class Gap:
         if self.startup:
             rec["startup"] = self.startup
         return rec
+
+
+    def switch_record(self) -> dict:
+        """What bin/opsctl-switch records on the host as it flips `current` (issue #50: a switch is on
+        record from the step that makes it, so a controller killed right after it leaves the truth):
+        the drain's figures, known before the switch; the host adds ts, switched_at and from_release."""
+        return {"action": "switch", "result": "switched", "switch_id": self.switch_id, "why": self.why,
+                "from_release": self.from_release, "to_release": self.to_release, "drain": self.drain,
+                "hooks": self.hooks, "deadline_s": self.deadline_s,
+                "drain_s": self._span(self.out_at, self.stop_at) if self.stop_at is not None else None,
+                "inflight_at_start": self.inflight_at_start, "aborted": self.aborted,
+                "deadline_hit": self.deadline_hit, "pool_out_at": self.out_at, "stop_at": self.stop_at}
+
+    def start_record(self) -> dict:
+        """The controller's record once the start that followed the switch is ready (or not): the
+        figures only it knows (the stop, the start, back in the pool, the start-up's phases), naming
+        the host's switch record by `switch_id`. Readers see the two as one switch record
+        (opsctl.host.facts.fold_switches); no second `switch` record."""
+        full = self.record()
+        keep = ("result", "to_release", "drain_s", "stop_s", "start_s", "gap_s", "out_of_pool_s", "stopped_at",
+                "ready_at", "pool_in_at", "time_scale", "site", "startup")
+        return {"action": "start", "switch_id": self.switch_id, **{k: full[k] for k in keep if k in full}}
 
 
 def site_figures(drain_s: float | None, stop_s: float | None, start_s: float | None, time_scale: float,
@@ -220,6 +248,12 @@ def describe(rec: dict) -> str:
     """
     if not rec:
         return "no switch recorded"
+    if rec.get("result") == "switched":
+        # recorded on the host by the switch itself (bin/opsctl-switch); no controller recorded its start
+        return (f"{rec.get('from_release') or 'none'} -> {rec.get('to_release')}, recorded on the host by the switch "
+                f"itself; its start was not recorded (the controller that switched was lost, or waits for it now)"
+                + (f", {rec.get('inflight_at_start') or 0} in flight at the drain's start, "
+                   f"{rec.get('aborted') or 0} aborted" if rec.get("drain") else ""))
     gap = rec.get("gap_s")
     site = (rec.get("site") or {}) if rec.get("time_scale") else {}
     where = " in the lab" if site.get("gap_s") is not None else ""

@@ -54,15 +54,21 @@ def ledger_rollout(rollout_id: str | None) -> Iterator[None]:
         _ROLLOUT.reset(token)
 
 
+def signed(host: HostConfig, record: dict[str, Any]) -> dict:
+    """`record` as this controller signs it (host, who, the rollout), without its time: what
+    append_ledger writes, and what bin/opsctl-switch stamps with the host's time (issue #50)."""
+    rollout = _ROLLOUT.get()
+    # every record the controller writes names the opsctl that wrote it (the host's own programs,
+    # the guard and the watch, write theirs without it)
+    return {"host": host.name, "who": who(), "opsctl_version": __version__,
+            **({"rollout": rollout} if rollout else {}), **record}
+
+
 def append_ledger(conn: Connection, host: HostConfig, record: dict[str, Any]) -> dict:
     """One record, appended by the host-side appender (playbooks/files/opsctl-ledger-append,
     sent inline so it works before the first playbook ran): one write under an flock,
     fsynced, a torn last line moved aside first."""
-    rollout = _ROLLOUT.get()
-    # every record the controller writes names the opsctl that wrote it (the host's own programs,
-    # the guard and the watch, write theirs without it)
-    rec = {"ts": now_iso(), "host": host.name, "who": who(), "opsctl_version": __version__,
-           **({"rollout": rollout} if rollout else {}), **record}
+    rec = {"ts": now_iso(), **signed(host, record)}
     line = json.dumps(rec, sort_keys=False, default=str)
     res = conn.run(f"{host.host_python} -c {shlex.quote(_ledger_append_source())} "
                    f"{shlex.quote(str(host.install_root / 'ledger.jsonl'))}", stdin=line + "\n", check=False)

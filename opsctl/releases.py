@@ -209,10 +209,17 @@ class HostState:
 
     def interrupted_deploy(self) -> dict | None:
         """The last deploy record if that deploy never finished (interrupted, or the
-        controller died): started/interrupted with no promote/rollback after it."""
+        controller died): started/interrupted with no promote/rollback after it, and no switch
+        (recorded on the host by bin/opsctl-switch) away from its release: a controller killed
+        during its rollback left the rollback's switch on record, not an unfinished deploy."""
+        away: set = set()   # releases a later switch left
         for rec in reversed(self.ledger):
             act, res = rec.get("action"), rec.get("result")
             if act in ("promote", "rollback"):
+                return None
+            if act == "switch" and rec.get("from_release") and rec.get("from_release") != rec.get("to_release"):
+                away.add(rec["from_release"])
+            if act == "deploy" and res in ("started", "interrupted") and rec.get("to_release") in away:
                 return None
             if act == "deploy" and res in ("started", "interrupted"):
                 return rec

@@ -337,7 +337,17 @@ def last_start(ledger: list[dict], release: str | None) -> dict | None:
         st = _ready_start(rec)
         if st is not None and rec.get("to_release") == release:
             return {"release": release, "ts": rec.get("ts"), "why": rec.get("why"), **st}
+        if unrecorded_start(rec) and rec.get("to_release") == release:
+            # the switch is on the host's record, its start on nobody's (the controller was lost, or
+            # is waiting for it now): this start, without phases, never an earlier one (issue #50)
+            return {"release": release, "ts": rec.get("ts"), "why": rec.get("why"), "total_s": None,
+                    "phases": None, "recorded": False, "switch_id": rec.get("switch_id"), "who": rec.get("who")}
     return None
+
+
+def unrecorded_start(rec: dict) -> bool:
+    """A switch recorded on the host (bin/opsctl-switch) whose start no controller recorded after it."""
+    return rec.get("action") == "switch" and rec.get("result") == "switched" and rec.get("by") == "opsctl-switch"
 
 
 def compare_with_ledger(current: Startup, profile: str, ledger: list[dict]) -> tuple[SlowerStart, dict | None]:

@@ -29,8 +29,12 @@ class Ops:
         return proc.returncode, last, proc.stderr
 
 
-def ledger(lab, root: str = "/opt/opsctl") -> list[dict]:
-    """The host's ledger records (a torn or foreign line skipped: the tests that make one read past it)."""
+def ledger(lab, root: str = "/opt/opsctl", *, raw: bool = False) -> list[dict]:
+    """The host's ledger records (a torn or foreign line skipped: the tests that make one read past it),
+    as opsctl reads them: a switch recorded on the host and the controller's `start` record after it
+    as one switch record (opsctl.host.facts.fold_switches); `raw`: the lines as written."""
+    from opsctl.host.facts import fold_switches
+
     out = []
     for line in lab.run(f"cat {root}/ledger.jsonl", check=False).stdout.splitlines():
         try:
@@ -39,7 +43,7 @@ def ledger(lab, root: str = "/opt/opsctl") -> list[dict]:
             continue
         if isinstance(rec, dict):
             out.append(rec)
-    return out
+    return out if raw else fold_switches(out)
 
 
 def host_snapshot(lab) -> str:

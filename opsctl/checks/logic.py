@@ -125,7 +125,7 @@ def unit_drift(expected: str, actual: str) -> list[str]:
 # --------------------------------------------------------------------------- ledger
 
 
-SWITCHING_ACTIONS = ("deploy", "promote", "rollback")
+SWITCHING_ACTIONS = ("deploy", "promote", "rollback", "switch")   # switch: bin/opsctl-switch's own record
 
 
 def last_switch_record(ledger: list[dict]) -> dict | None:

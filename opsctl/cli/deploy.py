@@ -344,8 +344,9 @@ def register(app: typer.Typer) -> None:
                                  + (" after the switch" if u.get("switched") else ", before the switch"))
                 else:
                     _output.info(f"[{r['host']}] note: the deploy of {u.get('to_release')} started {u.get('ts')} "
-                                 "has not finished (running now, or its controller died; the host's guard timer "
-                                 "reverts an unconfirmed release)")
+                                 "has not finished (running now, or its controller died; "
+                                 + ("the host's guard timer reverts an unconfirmed release)" if r.get("guard_armed")
+                                    else "no guard timer is armed on the host: nothing reverts it by itself)"))
             if nr or lost:
                 pass  # said above
             elif r["release"] and r.get("judged") is False and ((r.get("last_verdict") or {}).get("status")
@@ -382,7 +383,10 @@ def register(app: typer.Typer) -> None:
                 from opsctl.startup import one_line
 
                 _output.info(f"[{r['host']}] last start of {st['release']} ({st.get('why')}, {st.get('ts')}): "
-                             f"{one_line(st)}")
+                             + (f"{one_line(st)}" if st.get("recorded") is not False else
+                                "its phases were not recorded (the switch is on the host's record; the controller "
+                                "that switched did not record the start: it was lost, or waits for it now); "
+                                f"the service is {r['service']}/{r['sub_state']} since {r['since'] or '?'}"))
             lv = r.get("last_verdict")
             if lv:
                 _output.info(f"[{r['host']}] verdict of {lv['release']}: {lv['status']} ({lv['ts']})"

@@ -11,6 +11,7 @@ from opsctl.flow.steps import as_inventory
 from opsctl.host import facts
 from opsctl.host.connection import connect
 from opsctl.drain import last_switch
+from opsctl.flow.switch import guard_unit
 from opsctl.releases import ledger_lost_problem, read_state
 from opsctl.startup import last_start
 from opsctl import serving
@@ -33,6 +34,8 @@ def status(inventory: str | Path | Inventory, *, limit: str | None = None) -> li
                 runtime = (facts.get(conn, ServingDDTree(str(host.host_python), host.http_port), timeout=30)
                            if cur is not None and cur.kind == "ddtree" and state.service.get("ActiveState") == "active"
                            else None)
+                # the deploy guard's timer, as systemd has it: status says it reverts only while it is armed
+                guard = facts.get(conn, facts.ServiceState(f"{guard_unit(host)}.timer", ("ActiveState",)))
         finally:
             conn.close()
         intent = serving.intended(cur, state.ledger)
@@ -65,6 +68,7 @@ def status(inventory: str | Path | Inventory, *, limit: str | None = None) -> li
             "last_verdict": ({"status": verdict.get("status"), "ts": verdict.get("ts"), "release": verdict.get("release")}
                              if verdict else None),
             "deploy_in_progress_or_interrupted": unfinished is not None,
+            "guard_armed": guard.get("ActiveState") in ("active", "activating"),
             "unfinished_deploy": ({k: unfinished.get(k) for k in ("ts", "result", "step", "switched", "to_release",
                                                                   "from_release", "signal", "who")}
                                   if unfinished else None),

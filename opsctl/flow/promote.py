@@ -113,7 +113,7 @@ def roll_back_after_failure(conn: Connection, host: HostConfig, plan: Plan, targ
             continue
         gap = drain_before_switch(conn, host, why="rollback", from_release=live, to_release=tgt,
                                   deadline_s=drain_deadline_s(conn, host), steps=steps)
-        since = switch_drained(conn, host, tgt, gap, switch)
+        since = switch_drained(conn, host, tgt, gap, switch, disarm=not disarmed)
         live = tgt
         if not disarmed:
             disarm_guard(conn, host)  # only now: plan.release no longer serves
@@ -246,7 +246,7 @@ def _rollback_chain(conn: Connection, host: HostConfig, state: HostState, target
         gap = drain_before_switch(conn, host, why="rollback", from_release=live, to_release=tgt,
                                   deadline_s=drain_deadline_s(conn, host), steps=steps)
         t0 = steps.start("switch", f"{live or 'none'} -> {tgt}")
-        since = switch_drained(conn, host, tgt, gap, switch)
+        since = switch_drained(conn, host, tgt, gap, switch, disarm=not disarmed)
         live = tgt
         if not disarmed:
             disarm_guard(conn, host)  # after the switch: a rollback killed before it leaves any guard armed

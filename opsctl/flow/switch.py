@@ -14,7 +14,7 @@ from opsctl.flow.steps import Steps, noop
 from opsctl.host import facts
 from opsctl.host.connection import Connection
 from opsctl.releases import profile_slug
-from opsctl.ledger import append_ledger
+from opsctl.ledger import append_ledger, signed
 
 
 def host_epoch(conn: Connection) -> int:
@@ -70,12 +70,24 @@ def disarm_guard(conn: Connection, host: HostConfig) -> None:
              f"systemctl reset-failed {unit}.timer {unit}.service >/dev/null 2>&1; true", check=False)
 
 
-def switch(conn: Connection, host: HostConfig, release: str) -> int:
+def switch(conn: Connection, host: HostConfig, release: str, *, record: dict | None = None,
+           disarm: bool = False) -> int:
     """Flip current to `release` and restart; returns the host's epoch just before. Refused
-    (HostError, nothing changed) when the install root has no room for it (require_room)."""
+    (HostError, nothing changed) when the install root has no room for it (require_room).
+    `record`: the switch's ledger record, appended on the host by bin/opsctl-switch as it flips
+    `current` (signed here, timed there; issue #50), so a controller killed after the switch
+    leaves it on record. `disarm`: the same program stops the deploy guard right after the
+    restart (a switch away from the release the guard was armed for: the rollback's)."""
     require_room(conn, host)
     since = host_epoch(conn)
-    conn.run(f"{host.install_root}/bin/opsctl-switch {host.install_root} {host.service_name} {shlex.quote(release)}")
+    env = []
+    if record is not None:
+        env += [f"OPSCTL_SWITCH_RECORD={shlex.quote(json.dumps(signed(host, record), default=str))}",
+                f"OPSCTL_PYTHON={shlex.quote(str(host.host_python))}"]
+    if disarm:
+        env.append(f"OPSCTL_SWITCH_DISARM_GUARD={shlex.quote(guard_unit(host))}")
+    conn.run(" ".join([*env, f"{host.install_root}/bin/opsctl-switch {host.install_root} {host.service_name} "
+                             f"{shlex.quote(release)}"]))
     return since
 
 
@@ -122,17 +134,21 @@ def disarm_drain_guard(conn: Connection, host: HostConfig) -> None:
              f"systemctl reset-failed {unit}.timer {unit}.service >/dev/null 2>&1; true", check=False)
 
 
-def switch_drained(conn: Connection, host: HostConfig, release: str, gap: Gap, do_switch=None) -> int:
+def switch_drained(conn: Connection, host: HostConfig, release: str, gap: Gap, do_switch=None, *,
+                   disarm: bool = False) -> int:
     """`switch` after drain_before_switch: a drain that reached its deadline with requests still
     running ends them first (counted in `gap.aborted`: SGLang would wait for them with no deadline
-    of its own); the stop's times go on `gap`. `do_switch`: the caller's switch (its module's)."""
+    of its own); the stop's times go on `gap`. `do_switch`: the caller's switch (its module's).
+    The switch's record (`gap.switch_record()`) is written on the host by the switch itself;
+    back_in_pool adds the start's figures (`gap.start_record()`). `disarm`: see `switch`."""
     if gap.stop_at is not None:   # the drain stopped the server and armed its restart: the switch starts it
         disarm_drain_guard(conn, host)
     if gap.deadline_hit and gap.aborted:
         conn.run(f"systemctl kill --signal=SIGKILL {shlex.quote(host.unit_name)} >/dev/null 2>&1; true", check=False)
     if gap.stop_at is None:
         gap.stop_at = gap.now()
-    since = (do_switch or switch)(conn, host, release)
+    since = (do_switch or switch)(conn, host, release, record=gap.switch_record(), disarm=disarm)
+    gap.recorded_on_host = True
     gap.stopped_at = gap.now()
     return since
 
@@ -303,7 +319,9 @@ def back_in_pool(conn: Connection, host: HostConfig, gap: Gap, since: int | None
     rec = gap.record()
     try:
         with BRAKE.held():
-            append_ledger(conn, host, rec)
+            # the switch itself is on record already (bin/opsctl-switch wrote it on the host): the
+            # start's figures, named by its switch_id (read back as one record: facts.fold_switches)
+            append_ledger(conn, host, gap.start_record() if gap.recorded_on_host else rec)
     except OpsctlError as exc:
         steps.note(f"could not record the switch's gap: {exc.problem}")
     steps.progress({"event": "gap", "host": host.name, "gap": rec})

@@ -194,6 +194,10 @@ def ends_deploy(rec: dict) -> bool:
     act, res = rec.get("action"), rec.get("result")
     if act in ENDS_DEPLOY_ACTIONS:
         return True
+    if act == "switch" and rec.get("why") == "rollback":
+        # the rollback's switch, recorded on the host as it happens (bin/opsctl-switch): the deploy's
+        # release no longer serves, also when its controller dies before `rollback ok` (issue #50)
+        return True
     if act == "deploy":
         # interrupted after the switch: the rollback that follows ends it
         return res in ENDS_DEPLOY_RESULTS or (res == "interrupted" and not rec.get("switched"))

@@ -28,8 +28,10 @@ pytestmark = pytest.mark.lab
 
 
 def _ledger(host) -> list[dict]:
+    from opsctl.host.facts import fold_switches
+
     text = host.run("cat /opt/opsctl/ledger.jsonl", check=False).stdout
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return fold_switches([json.loads(line) for line in text.splitlines() if line.strip()])   # as opsctl reads it
 
 
 def _current(host) -> str:

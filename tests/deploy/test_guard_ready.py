@@ -246,7 +246,7 @@ def io(monkeypatch):
             raise DeployFailed(f"{host.name}: start failed: the server exited during startup (auto-restart)")
         return SimpleNamespace(seconds=1.0)
 
-    monkeypatch.setattr(promote, "switch", lambda conn, host, rel: log.append(("switch", rel)) or 0)
+    monkeypatch.setattr(promote, "switch", lambda conn, host, rel, **kw: log.append(("switch", rel)) or 0)
     monkeypatch.setattr(promote, "disarm_guard", lambda conn, host: log.append(("disarm", None)))
     monkeypatch.setattr(promote, "wait_ready", wait)
     monkeypatch.setattr(promote, "release_profile", lambda info, host: None)

@@ -82,7 +82,7 @@ def test_rollback_without_a_target_refuses_naming_the_releases_and_the_fix(lost)
 
 def test_rollback_to_a_named_release_works_and_starts_a_new_ledger(lost, monkeypatch):
     switched: list[str] = []
-    monkeypatch.setattr(promote, "switch", lambda conn, host, rel: switched.append(rel) or make_current(lost.root, rel)
+    monkeypatch.setattr(promote, "switch", lambda conn, host, rel, **kw: switched.append(rel) or make_current(lost.root, rel)
                         or 0)
     monkeypatch.setattr(promote, "disarm_guard", lambda conn, host: None)
     monkeypatch.setattr(promote, "wait_ready", lambda *a, **k: SimpleNamespace(seconds=1.0))

@@ -191,7 +191,7 @@ def test_a_rollback_to_a_damaged_release_is_refused_before_anything_changes(host
 
 def test_the_automatic_rollback_passes_over_a_damaged_fallback(monkeypatch):
     log: list = []
-    monkeypatch.setattr(promote, "switch", lambda conn, host, rel: log.append(("switch", rel)) or 0)
+    monkeypatch.setattr(promote, "switch", lambda conn, host, rel, **kw: log.append(("switch", rel)) or 0)
     monkeypatch.setattr(promote, "disarm_guard", lambda conn, host: None)
     monkeypatch.setattr(promote, "wait_ready", lambda *a, **k: SimpleNamespace(seconds=1.0))
     monkeypatch.setattr(promote, "release_profile", lambda info, host: None)
@@ -249,7 +249,7 @@ def _apply_live(monkeypatch, repairs: list[str]):
     calls: list = []
     monkeypatch.setattr(deploy, "append_ledger", lambda c, h, rec: calls.append(("ledger", rec)) or rec)
     monkeypatch.setattr(deploy, "arm_guard", lambda *a, **k: calls.append(("arm",)))
-    monkeypatch.setattr(deploy, "switch", lambda c, h, rel: calls.append(("switch", rel)) or 0)
+    monkeypatch.setattr(deploy, "switch", lambda c, h, rel, **kw: calls.append(("switch", rel)) or 0)
     monkeypatch.setattr(deploy, "wait_ready", lambda *a, **k: SimpleNamespace(seconds=2.0))
     monkeypatch.setattr(deploy, "disarm_guard", lambda c, h: calls.append(("disarm",)))
     monkeypatch.setattr(deploy, "prune", lambda c, h: [])

@@ -16,7 +16,7 @@ from opsctl.integrity import Integrity
 def calls(monkeypatch):
     log: list[str] = []
     monkeypatch.setattr(promote, "disarm_guard", lambda conn, host: log.append("disarm"))
-    monkeypatch.setattr(promote, "switch", lambda conn, host, rel: log.append(f"switch {rel}") or 0)
+    monkeypatch.setattr(promote, "switch", lambda conn, host, rel, **kw: log.append(f"switch {rel}") or 0)
     monkeypatch.setattr(promote, "stop_service", lambda conn, host: log.append("stop"))
     monkeypatch.setattr(promote, "wait_ready", lambda *a, **k: log.append("ready") or SimpleNamespace(seconds=1.0))
     monkeypatch.setattr(promote, "release_profile", lambda info, host: None)
@@ -45,7 +45,7 @@ def test_the_guard_is_disarmed_only_after_the_switch_back(calls):
 
 
 def test_a_switch_back_that_fails_leaves_the_guard_armed(calls, monkeypatch):
-    def dies(conn, host, rel):
+    def dies(conn, host, rel, **kw):
         calls.append(f"switch {rel}")
         raise HostError("opsctl-switch failed")
 
@@ -59,7 +59,7 @@ def test_killed_before_the_switch_leaves_the_guard_armed(calls, monkeypatch):
     class Killed(BaseException):
         pass
 
-    def killed(conn, host, rel):
+    def killed(conn, host, rel, **kw):
         raise Killed()
 
     monkeypatch.setattr(promote, "switch", killed)

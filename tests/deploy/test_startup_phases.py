@@ -184,7 +184,7 @@ def test_a_slower_start_is_a_warning_in_the_validation_and_the_deploy_still_prom
     for mod in (deploy, flow_validate):
         monkeypatch.setattr(mod, "append_ledger", lambda c, h, rec: ledger.append(rec) or rec)
     monkeypatch.setattr(deploy, "arm_guard", lambda *a, **k: None)
-    monkeypatch.setattr(deploy, "switch", lambda c, h, rel: 0)
+    monkeypatch.setattr(deploy, "switch", lambda c, h, rel, **kw: 0)
     monkeypatch.setattr(deploy, "wait_ready", lambda *a, **k: SimpleNamespace(seconds=2.0))
     monkeypatch.setattr(deploy, "back_in_pool", lambda *a, **k: gap_rec)
     monkeypatch.setattr(deploy, "disarm_guard", lambda c, h: None)

@@ -97,8 +97,11 @@ def test_controller_killed_during_the_automatic_rollback_leaves_the_baseline_ser
         time.sleep(1)
     status = json.loads(_run("status", "--json", inv=inv).stdout)[0]
     assert status["release"] == base.release, status
-    last_back = [r for r in _ledger(lab) if r.get("action") == "rollback"]
+    # the switch back is on record whoever made it: the rollback's switch (written on the host by
+    # bin/opsctl-switch as it flipped `current`, issue #50), or the guard's revert
+    last_back = [r for r in _ledger(lab) if r.get("action") in ("rollback", "switch") and r.get("switched") is not False]
     assert last_back and last_back[-1].get("to_release") == base.release, _ledger(lab)[-4:]
+    assert not [r for r in _ledger(lab)[-6:] if r.get("action") == "guard" and r.get("result") == "unchanged"]
     # nothing left to revert: the guard (if it fired) is gone, or disarmed after the switch back
     timers = lab.run("systemctl list-timers --all --no-legend 'opsctl-guard-*' 2>/dev/null", check=False).stdout
     assert "opsctl-guard" not in timers or "n/a" in timers, timers

@@ -232,13 +232,18 @@ def test_hooks_get_the_hosts_name_and_address_and_the_drain_waits_for_in_flight(
     assert gap.inflight_at_start == 3 and gap.aborted == 0 and not gap.deadline_hit
     assert fake.sent("--signal=SIGTERM")        # then SGLang's own drain: 503 on /health*
     assert log.read_text().split("\n")[0] == f"out {host.name} {host.ssh.address} {host.name} {host.ssh.address} out"
-    switch_drained(fake, host, "b", gap, lambda conn, h, rel: 0)
+    on_host: list[dict] = []   # what bin/opsctl-switch appends on the host as it flips `current`
+    switch_drained(fake, host, "b", gap, lambda conn, h, rel, record=None, disarm=False: on_host.append(record) or 0)
     assert not fake.sent("SIGKILL")             # nothing left to cut
     rec = back_in_pool(fake, host, gap, None)
     assert log.read_text().splitlines()[1] == f"in {host.name} in"
     assert rec["aborted"] == 0 and rec["pool_in_at"] >= rec["pool_out_at"]
-    [line] = [json.loads(x) for x in fake.stdin if '"action": "switch"' in x]
-    assert line["why"] == "deploy" and line["inflight_at_start"] == 3 and line["aborted"] == 0
+    [sw] = on_host   # the switch's record travels with the switch (issue #50), never from the controller after it
+    assert sw["action"] == "switch" and sw["why"] == "deploy" and sw["inflight_at_start"] == 3 and sw["aborted"] == 0
+    assert not [x for x in fake.stdin if '"action": "switch"' in x]
+    [line] = [json.loads(x) for x in fake.stdin if '"action": "start"' in x]
+    assert line["switch_id"] == sw["switch_id"] and line["pool_in_at"] >= sw["pool_out_at"]
+    assert facts.fold_switches([sw, line])[0]["pool_in_at"] == line["pool_in_at"]
 
 
 def test_a_controller_lost_after_the_drain_stopped_the_server_leaves_a_timer_that_starts_it_again(tmp_path):
@@ -256,7 +261,7 @@ def test_a_controller_lost_after_the_drain_stopped_the_server_leaves_a_timer_tha
     assert arm and term and fake.commands.index(arm[0]) < term[0]          # armed before the server is stopped
     assert "--on-active=45s" in arm[0] and f"systemctl restart --no-block {host.unit_name}" in arm[0]
     n = len(fake.commands)
-    switch_drained(fake, host, "b", gap, lambda conn, h, rel: fake.commands.append("SWITCH") or 0)
+    switch_drained(fake, host, "b", gap, lambda conn, h, rel, **kw: fake.commands.append("SWITCH") or 0)
     after = fake.commands[n:]
     assert any(c.startswith(f"systemctl stop {unit}.timer") for c in after[:after.index("SWITCH")])
 
@@ -268,7 +273,7 @@ def test_requests_running_at_the_deadline_are_counted_and_cut_by_the_switch(tmp_
     fake = FakeHost([5, 4, 4])
     gap = drain_before_switch(fake, host, why="deploy", from_release="a", to_release="b", deadline_s=0.2)
     assert gap.deadline_hit and gap.aborted == 4
-    switch_drained(fake, host, "b", gap, lambda conn, h, rel: 0)
+    switch_drained(fake, host, "b", gap, lambda conn, h, rel, **kw: 0)
     assert fake.sent("--signal=SIGKILL")
     assert gap.record()["aborted"] == 4
 
