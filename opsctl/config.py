@@ -479,6 +479,29 @@ class RolloutPolicy(_Strict):
         return v
 
 
+METRICS_TEXTFILE_DEFAULT = PurePosixPath("/var/lib/prometheus/node-exporter/opsctl.prom")
+
+
+class MetricsSettings(_Strict):
+    """`opsctl.metrics`: opsctl's node_exporter textfile on the host (docs/metrics.md), kept
+    current by the host itself (every ledger record, every watch tick)."""
+
+    textfile: PurePosixPath | None = Field(METRICS_TEXTFILE_DEFAULT, description="the file node_exporter's textfile "
+                                           "collector reads (its --collector.textfile.directory, a name ending in "
+                                           ".prom); null: no metrics file")
+
+    @field_validator("textfile")
+    @classmethod
+    def _prom_file(cls, v: PurePosixPath | None) -> PurePosixPath | None:
+        if v is None:
+            return v
+        _safe(SAFE_PATH, v, "absolute path", "'/_.+@-' (e.g. /var/lib/prometheus/node-exporter/opsctl.prom)")
+        if v.suffix != ".prom" or v.name.startswith("."):
+            raise ValueError(f"{str(v)!r}: node_exporter's textfile collector reads only files named *.prom "
+                             f"(e.g. {METRICS_TEXTFILE_DEFAULT})")
+        return v
+
+
 class HostSettings(_Strict):
     """Everything under `opsctl:` for one host after merging all -> group -> host."""
 
@@ -514,6 +537,7 @@ class HostSettings(_Strict):
     rollout: RolloutPolicy = Field(default_factory=RolloutPolicy)
     drain: DrainSettings = Field(default_factory=DrainSettings)
     tune: TuneSettings = Field(default_factory=TuneSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
 
     @field_validator("service_name")
     @classmethod

@@ -51,7 +51,7 @@ import time
 # imports this module for `opsctl status` and `watch status` and never makes one
 import urllib.error
 
-from . import analysis, diagnosis, prometheus
+from . import analysis, diagnosis, metrics, prometheus
 
 EVENT_SCHEMA = "opsctl.watch.event/1"
 STATE_VERSION = 1
@@ -626,7 +626,15 @@ class Watch:
                      "last_wall_ms": round((time.monotonic() - t0) * 1000, 1), "rss_kib": _rss_kib(),
                      "max_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss})
         self.save_state()
+        self.write_metrics()
         return st["last"]
+
+    def write_metrics(self) -> None:
+        """opsctl's node_exporter textfile after each tick (its state and last tick; issue #54)."""
+        try:
+            metrics.update(self.root)
+        except Exception as exc:  # noqa: BLE001 - the tick is done; the metrics file is a view of it
+            print(f"opsctl-watch: metrics file not written: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
     # ---------------------------------------------------------------- acting on a breach
     def act(self, cur: str, manifest, manifests: dict, ledger: list, breaches: list, t_breach: float) -> None:
