@@ -54,7 +54,8 @@ def reset_host(lab) -> None:
     lab.clear_faults()
     lab.run("systemctl disable --now opsctl-watch-sglang-k26 opsctl-lab-load 2>/dev/null; rm -rf "
             "/etc/systemd/system/opsctl-watch-sglang-k26.service /opt/opsctl/watch.json /var/lib/opsctl-watch "
-            "/run/opsctl-lab/crash_loop.json; systemctl reset-failed opsctl-lab-load 2>/dev/null; true", check=False)
+            "/run/opsctl-lab/crash_loop.json /var/lib/prometheus/node-exporter/opsctl.prom; "
+            "systemctl reset-failed opsctl-lab-load 2>/dev/null; true", check=False)
     lab.run("systemctl stop opsctl-guard-sglang-k26.timer opsctl-drain-sglang-k26.timer sglang-k26 2>/dev/null; "
             "systemctl disable sglang-k26 "
             "2>/dev/null; rm -rf /opt/opsctl/releases /opt/opsctl/current /opt/opsctl/ledger.jsonl "
