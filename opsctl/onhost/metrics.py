@@ -208,6 +208,27 @@ def _json(path: str) -> Any:
         return None
 
 
+_SUMMARY_CACHE: Dict[str, Tuple[tuple, dict]] = {}
+
+
+def ledger_summary_of(root: str) -> dict:
+    """The ledger's summary, read again only when the file changed (its inode, size or mtime): the
+    watch writes the file every tick and the ledger changes with a record, not with a tick."""
+    path = os.path.join(root, "ledger.jsonl")
+    try:
+        st = os.stat(path)
+        key = (st.st_ino, st.st_size, st.st_mtime_ns)
+    except OSError:
+        key = None
+    hit = _SUMMARY_CACHE.get(path)
+    if key is not None and hit is not None and hit[0] == key:
+        return hit[1]
+    summary = ledger_summary(read_ledger(root))
+    if key is not None:
+        _SUMMARY_CACHE[path] = (key, summary)
+    return summary
+
+
 def read_ledger(root: str) -> List[dict]:
     out = []
     try:
@@ -266,7 +287,7 @@ def collect(root: str, cfg: Optional[dict] = None, now: Optional[float] = None, 
         watch_state = _json(os.path.join(state_dir, f"{watch_cfg['service']}.json"))
     guard = guard_state(cfg["guard_unit"], run=run) if cfg.get("guard_unit") else None
     return {"now": now, "current": current, "manifest": manifest if isinstance(manifest, dict) else None,
-            "ledger": ledger_summary(read_ledger(root)), "cfg": cfg,
+            "ledger": ledger_summary_of(root), "cfg": cfg,
             "watch_cfg": watch_cfg if isinstance(watch_cfg, dict) else None,
             "watch_state": watch_state if isinstance(watch_state, dict) else None, "guard": guard}
 

@@ -169,7 +169,9 @@ def test_deploy_watch_rollback_and_guard_reach_prometheus(mlab, ops):
         assert _labels(info) and _labels(info)[0]["profile"] == "ddtree" and _labels(info)[0]["budget"] == "16"
         m = _labels(info)[0]
         assert m["kind"] == "ddtree" and len(m["runtime"]) == 12 and m["opsctl_version"] and "schedule" not in m   # empty: no label
-        # the verdict the gate recorded: pass, at C=4, with its interval
+        # the verdict the gate recorded: pass, at C=4, with its interval (the file as the promote's record
+        # left it: the switch's record, seconds before, named the release already)
+        assert prom.wait(f'opsctl_verdict_info{{release="{ddt}"}}', timeout=3 * SCRAPE_S + 5)
         v = _labels(prom.query("opsctl_verdict_info"))
         assert v == [dict(v[0], release=ddt, status="pass")], v
         assert prom.value("opsctl_release_judged") == 1 and prom.value("opsctl_release_verdict_pass") == 1
@@ -188,7 +190,8 @@ def test_deploy_watch_rollback_and_guard_reach_prometheus(mlab, ops):
         switches_before = prom.value('opsctl_switches_total{cause="deploy"}')
         assert switches_before >= 1
         # the guard was disarmed at promotion; the watch ticks
-        guard = prom.wait('opsctl_guard_state == 1', timeout=3 * SCRAPE_S + 2 * INTERVAL)
+        guard = prom.wait('opsctl_guard_state == 1', lambda r: [g["metric"]["state"] for g in r] == ["idle"],
+                          timeout=3 * SCRAPE_S + 2 * INTERVAL)
         assert [g["metric"]["state"] for g in guard] == ["idle"], (
             guard, lab.run("systemctl show opsctl-guard-sglang-k26.timer opsctl-guard-sglang-k26.service "
                            "-p Id -p ActiveState").stdout)
