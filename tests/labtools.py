@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -92,3 +93,24 @@ def restore_state(lab, timeout: float = 60) -> None:
     while lab.run(HEALTH, check=False).stdout.strip() != "200":
         assert time.monotonic() < deadline, "the restored release did not become healthy"
         time.sleep(0.2)
+
+
+PROMQL_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool",
+                   "offset"}
+
+
+def dashboard_metric_names(dash: dict) -> set[str]:
+    """Metric names in every target's and annotation's `expr` of a Grafana dashboard: the words
+    of each query less label matchers, strings, ranges, functions (a word before `(`), keywords,
+    numbers and template variables."""
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", []) if t.get("expr")]
+    exprs += [a["expr"] for a in dash.get("annotations", {}).get("list", []) if a.get("expr")]
+    names = set()
+    for e in exprs:
+        e = re.sub(r'\{[^}]*\}', "", re.sub(r'"[^"]*"', '""', e))
+        e = re.sub(r"\[[^\]]*\]", "", e)
+        e = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", e)
+        for m in re.finditer(r"(?<![\w$])([A-Za-z_:][A-Za-z0-9_:]*)(\s*\()?", e):
+            if not m.group(2) and m.group(1) not in PROMQL_KEYWORDS:
+                names.add(m.group(1))
+    return names

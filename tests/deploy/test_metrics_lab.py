@@ -257,28 +257,13 @@ def test_deploy_watch_rollback_and_guard_reach_prometheus(mlab, ops):
     assert names and names <= seen, f"the dashboard names metrics never scraped: {sorted(names - seen)}"
 
 
+def dashboard_metric_names(dash: dict) -> set[str]:
+    from labtools import dashboard_metric_names as names
+
+    return names(dash)
+
+
 def _ledger(lab) -> list[dict]:
     from labtools import ledger
 
     return ledger(lab)
-
-
-PROMQL_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool",
-                   "offset"}
-
-
-def dashboard_metric_names(dash: dict) -> set[str]:
-    """Metric names in every target's and annotation's `expr` of a Grafana dashboard: the words
-    of each query less label matchers, strings, ranges, functions (a word before `(`), keywords,
-    numbers and template variables."""
-    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", []) if t.get("expr")]
-    exprs += [a["expr"] for a in dash.get("annotations", {}).get("list", []) if a.get("expr")]
-    names = set()
-    for e in exprs:
-        e = re.sub(r'\{[^}]*\}', "", re.sub(r'"[^"]*"', '""', e))
-        e = re.sub(r"\[[^\]]*\]", "", e)
-        e = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", e)
-        for m in re.finditer(r"(?<![\w$])([A-Za-z_:][A-Za-z0-9_:]*)(\s*\()?", e):
-            if not m.group(2) and m.group(1) not in PROMQL_KEYWORDS:
-                names.add(m.group(1))
-    return names
