@@ -24,6 +24,9 @@ there). Every `interval_s`:
    never switches again, until a later deploy (a `promote` or an `unchanged` deploy
    record in the ledger) re-arms it. `mode: alert` notifies without switching.
 
+After every interval it writes opsctl's node_exporter textfile again (metrics.py; its state and
+last tick, docs/metrics.md).
+
 Its state (window, counters, journal cursor, tripped) lives in
 `/var/lib/opsctl-watch/<service>.json`, written atomically every interval, so a
 killed watch restarted by systemd carries on where it was. `pause`/`resume` set a
