@@ -4,16 +4,10 @@ and the watch write the node_exporter textfile it names; docs/metrics.md)."""
 from __future__ import annotations
 
 import json
-from pathlib import PurePosixPath
 from typing import Any
 
 from opsctl.config import HostConfig
-from opsctl.onhost import metrics as onhost_metrics
-from opsctl.watch import STATE_DIR, analysis_specs, config_path
-
-
-def config_file(host: HostConfig) -> PurePosixPath:
-    return host.install_root / onhost_metrics.CONFIG_NAME
+from opsctl.watch import analysis_specs, config_path
 
 
 def host_config(host: HostConfig) -> dict[str, Any]:
@@ -26,7 +20,7 @@ def host_config(host: HostConfig) -> dict[str, Any]:
         "textfile": str(textfile) if textfile else None,
         # opsctl.flow.switch.guard_unit's name (the flow is above this module; a test holds them equal)
         "guard_unit": f"opsctl-guard-{host.service_name}",
-        "watch_config": str(config_path(host)), "watch_state_dir": str(STATE_DIR),
+        "watch_config": str(config_path(host)),   # its state_dir and service name the state file
         "analysis": analysis_specs(host), "default_analysis": host.analysis(None).to_dict(),
     }
 
