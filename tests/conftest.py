@@ -53,7 +53,7 @@ WHOLE_LAB_DIRS = ("tests/lab/",)   # modules that take the whole lab up or down:
 # Lab modules, longest first (seconds of one run on four workers, measured 2026-12-04: watch 603,
 # fleet 516, workloads 481, the three rollback-truth modules 477/452/381, startup 426, tune 351, deploy
 # 335, gates 313, checks 248, interrupts 213, drain 197, twice 185, soak 163, schedule 120, wheelhouse
-# 100, jump 55): in parallel runs (`--dist loadfile --no-loadscope-reorder`) the long ones start first
+# 100, jump 55; metrics 132 alone with its lab up and baseline, 2026-12-05): in parallel runs (`--dist loadfile --no-loadscope-reorder`) the long ones start first
 # and the short ones fill in at the end (longest-processing-time-first; with LateFileScheduling below
 # the workers end within about a minute of each other). Modules not listed run after these, in file order.
 LAB_MODULE_ORDER = ("tests/watch/test_watch_lab.py", "tests/deploy/test_fleet_lab.py",
@@ -65,6 +65,7 @@ LAB_MODULE_ORDER = ("tests/watch/test_watch_lab.py", "tests/deploy/test_fleet_la
                     "tests/checks/test_checks_lab.py", "tests/deploy/test_interrupts_lab.py",
                     "tests/deploy/test_drain_lab.py", "tests/deploy/test_twice_lab.py",
                     "tests/watch/test_watch_soak_lab.py", "tests/deploy/test_schedule_lab.py",
+                    "tests/deploy/test_metrics_lab.py",
                     "tests/wheelhouse/test_wheelhouse_lab.py", "tests/deploy/test_jump_host_lab.py")
 
 

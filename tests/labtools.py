@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -58,7 +59,8 @@ def reset_host(lab) -> None:
     lab.clear_faults()
     lab.run("systemctl disable --now opsctl-watch-sglang-k26 opsctl-lab-load 2>/dev/null; rm -rf "
             "/etc/systemd/system/opsctl-watch-sglang-k26.service /opt/opsctl/watch.json /var/lib/opsctl-watch "
-            "/run/opsctl-lab/crash_loop.json; systemctl reset-failed opsctl-lab-load 2>/dev/null; true", check=False)
+            "/run/opsctl-lab/crash_loop.json /var/lib/prometheus/node-exporter/opsctl.prom; "
+            "systemctl reset-failed opsctl-lab-load 2>/dev/null; true", check=False)
     lab.run("systemctl stop opsctl-guard-sglang-k26.timer opsctl-drain-sglang-k26.timer sglang-k26 2>/dev/null; "
             "systemctl disable sglang-k26 "
             "2>/dev/null; rm -rf /opt/opsctl/releases /opt/opsctl/current /opt/opsctl/ledger.jsonl "
@@ -95,3 +97,24 @@ def restore_state(lab, timeout: float = 60) -> None:
     while lab.run(HEALTH, check=False).stdout.strip() != "200":
         assert time.monotonic() < deadline, "the restored release did not become healthy"
         time.sleep(0.2)
+
+
+PROMQL_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool",
+                   "offset"}
+
+
+def dashboard_metric_names(dash: dict) -> set[str]:
+    """Metric names in every target's and annotation's `expr` of a Grafana dashboard: the words
+    of each query less label matchers, strings, ranges, functions (a word before `(`), keywords,
+    numbers and template variables."""
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", []) if t.get("expr")]
+    exprs += [a["expr"] for a in dash.get("annotations", {}).get("list", []) if a.get("expr")]
+    names = set()
+    for e in exprs:
+        e = re.sub(r'\{[^}]*\}', "", re.sub(r'"[^"]*"', '""', e))
+        e = re.sub(r"\[[^\]]*\]", "", e)
+        e = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", e)
+        for m in re.finditer(r"(?<![\w$])([A-Za-z_:][A-Za-z0-9_:]*)(\s*\()?", e):
+            if not m.group(2) and m.group(1) not in PROMQL_KEYWORDS:
+                names.add(m.group(1))
+    return names

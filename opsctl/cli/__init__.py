@@ -38,7 +38,8 @@ app = typer.Typer(
 )
 
 # command groups, each module exposes register(app)
-_COMMAND_MODULES = ["render", "deploy", "validate", "diagnose", "bench", "tune", "check", "lab", "watch", "wheelhouse"]
+_COMMAND_MODULES = ["render", "deploy", "validate", "diagnose", "bench", "tune", "check", "lab", "watch", "wheelhouse",
+                    "config"]
 
 
 def _version(value: bool) -> None:

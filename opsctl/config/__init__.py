@@ -23,7 +23,8 @@ from opsctl.config.models import (DRAIN_DEADLINE_DEFAULT_S, DRAIN_DEADLINE_MAX_S
                                   SAFE_MODEL_NAME, SAFE_NAME, SAFE_PATH, SAFE_USER, START_LIMIT_BURST, DrafterFacts,
                                   DrainHook, DrainHooks, DrainSettings, GPUFacts, HostConfig, HostSettings, Inventory,
                                   ModelFacts, Profile, ProfileKind, RolloutPolicy, RuntimeFacts, TuneSettings,
-                                  WatchNotify, WatchRules, WatchSettings, watch_window_problem)
+                                  WatchNotify, WatchRules, WatchSettings, watch_window_problem,
+                                  METRICS_TEXTFILE_DEFAULT, MetricsSettings, inventory_schema)
 from opsctl.config.profiles import BUILTIN_PROFILES, profile_names, resolve_profile
 from opsctl.errors import ConfigError
 
@@ -32,5 +33,5 @@ __all__ = [
     "DrainHooks", "DrainSettings", "GPUFacts", "HostConfig", "HostSettings", "Inventory", "MAX_BUDGET", "ModelFacts",
     "Profile", "ProfileKind", "RolloutPolicy", "RuntimeFacts", "SAFE_ADDRESS", "SAFE_MODEL_NAME", "SAFE_NAME",
     "SAFE_PATH", "SAFE_USER", "START_LIMIT_BURST", "TuneSettings", "WatchNotify", "WatchRules", "WatchSettings",
-    "load_inventory", "profile_names", "resolve_profile", "watch_window_problem",
+    "METRICS_TEXTFILE_DEFAULT", "MetricsSettings", "inventory_schema", "load_inventory", "profile_names", "resolve_profile", "watch_window_problem",
 ]

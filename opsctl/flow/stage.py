@@ -9,7 +9,7 @@ import json
 import shlex
 import time
 
-from opsctl import watch
+from opsctl import hostmetrics, watch
 from opsctl.artifacts import SyncResult, sync_drafter
 from opsctl.onhost import archive as onhost_archive
 from opsctl.config import Inventory
@@ -188,6 +188,8 @@ def _release_vars(plan: Plan, env_wheelhouse: str) -> dict:
                                    if plan.profile.kind == "ddtree" and plan.runtime_sha else ""),
         # the host-side package (load generator, watch agent) as one archive: bin/opsctl-onhost.pyz
         "opsctl_onhost_b64": base64.b64encode(onhost_archive()).decode(),
+        # its metrics file's configuration (docs/metrics.md): <root>/metrics.json, read by every ledger append
+        "opsctl_metrics_b64": base64.b64encode(hostmetrics.config_text(host).encode()).decode(),
         "opsctl_secrets_file": str(s.secrets_file) if s.secrets_file else "",
         **watch.playbook_vars(host),   # the host-side watch: installed (or removed) with every stage
     }

@@ -154,6 +154,9 @@ MASKED_UNITS = (
     "postgresql.service", "systemd-timesyncd.service", "apt-daily.timer", "apt-daily-upgrade.timer",
     "e2scrub_all.timer", "e2scrub_reap.service", "fstrim.timer", "man-db.timer",
     "dpkg-db-backup.timer", "getty@tty1.service", "systemd-pstore.service", "remote-fs.target",
+    # Debian's prometheus package enables its server: the guest runs node_exporter only (the lab
+    # test's Prometheus runs on this side, by PID)
+    "prometheus.service",
 )
 
 DEBIAN_PACKAGES = {  # package -> a binary it provides
@@ -162,6 +165,10 @@ DEBIAN_PACKAGES = {  # package -> a binary it provides
     "iproute2": "/usr/sbin/ip",
     "rsync": "/usr/bin/rsync",
     "openssh-client": "/usr/bin/ssh",
+    # node_exporter in the guest (its unit enabled by the package), reading opsctl's textfile
+    # (docs/metrics.md); prometheus: the lab test's server on this side and promtool
+    "prometheus-node-exporter": "/usr/bin/prometheus-node-exporter",
+    "prometheus": "/usr/bin/prometheus",
 }
 
 SSH_OPTIONS = (

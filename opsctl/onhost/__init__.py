@@ -8,11 +8,12 @@ its standard library only (Python >= 3.8).
   analysis.py     the analysis spec (the rules a release is held to) and its evaluation
   watch_agent.py  the watch: keeps judging the promoted release (its own systemd unit)
   loadgen.py      the load generator and greedy canary the gate's bench runs on the host
+  metrics.py      opsctl's node_exporter textfile (docs/metrics.md), written by the ledger appender and the watch
 
 The controller imports these same modules (the gate judges by analysis.py, the render-time
 schedule checks use capture.py, `opsctl bench --url` runs loadgen.py); the host gets them as
 one archive, `<root>/bin/opsctl-onhost.pyz` (`archive()`), run as
-`python3 opsctl-onhost.pyz {watch|loadgen} ARGS`. Modules here import each other relatively and
+`python3 opsctl-onhost.pyz {watch|loadgen|metrics} ARGS`. Modules here import each other relatively and
 nothing else of opsctl (an import-linter contract in pyproject.toml; the archive is tested
 under `python3 -I -S`).
 """

@@ -1,10 +1,10 @@
-"""`python3 opsctl-onhost.pyz {watch|loadgen} ARGS` (or `python -m opsctl.onhost ...`): the
+"""`python3 opsctl-onhost.pyz {watch|loadgen|metrics} ARGS` (or `python -m opsctl.onhost ...`): the
 host-side programs of one archive."""
 from __future__ import annotations
 
 import sys
 
-USAGE = "usage: opsctl-onhost.pyz {watch|loadgen} ARGS (watch --help, loadgen --help)"
+USAGE = "usage: opsctl-onhost.pyz {watch|loadgen|metrics} ARGS (watch --help, loadgen --help, metrics --help)"
 
 
 def main(argv=None) -> int:
@@ -19,6 +19,10 @@ def main(argv=None) -> int:
         from . import loadgen
 
         return loadgen.main(args)
+    if program == "metrics":
+        from . import metrics
+
+        return metrics.main(args)
     print(USAGE, file=sys.stderr)
     return 2
 

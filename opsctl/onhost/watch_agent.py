@@ -24,6 +24,9 @@ there). Every `interval_s`:
    never switches again, until a later deploy (a `promote` or an `unchanged` deploy
    record in the ledger) re-arms it. `mode: alert` notifies without switching.
 
+After every interval it writes opsctl's node_exporter textfile again (metrics.py; its state and
+last tick, docs/metrics.md).
+
 Its state (window, counters, journal cursor, tripped) lives in
 `/var/lib/opsctl-watch/<service>.json`, written atomically every interval, so a
 killed watch restarted by systemd carries on where it was. `pause`/`resume` set a
@@ -51,7 +54,7 @@ import time
 # imports this module for `opsctl status` and `watch status` and never makes one
 import urllib.error
 
-from . import analysis, diagnosis, journal_lines, prometheus
+from . import analysis, diagnosis, journal_lines, metrics, prometheus
 from .journal_lines import READY_LINE
 
 EVENT_SCHEMA = "opsctl.watch.event/1"
@@ -597,7 +600,15 @@ class Watch:
                      "last_wall_ms": round((time.monotonic() - t0) * 1000, 1), "rss_kib": _rss_kib(),
                      "max_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss})
         self.save_state()
+        self.write_metrics()
         return st["last"]
+
+    def write_metrics(self) -> None:
+        """opsctl's node_exporter textfile after each tick (its state and last tick; issue #54)."""
+        try:
+            metrics.update(self.root)
+        except Exception as exc:  # noqa: BLE001 - the tick is done; the metrics file is a view of it
+            print(f"opsctl-watch: metrics file not written: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
     # ---------------------------------------------------------------- acting on a breach
     def act(self, cur: str, manifest, manifests: dict, ledger: list, breaches: list, t_breach: float) -> None:

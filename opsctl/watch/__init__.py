@@ -36,12 +36,9 @@ def program_path(host: HostConfig) -> PurePosixPath:
     return host.install_root / "bin" / ARCHIVE_NAME
 
 
-def host_config(host: HostConfig) -> dict[str, Any]:
-    """The watch's configuration as the host reads it (pure): with the analysis of every known
-    profile, the spec its gate judges by (HostConfig.analysis), which the watch fits to the live
-    release's manifest."""
-    w = host.settings.watch
-    policy = host.gate_policy()
+def analysis_specs(host: HostConfig) -> dict[str, dict]:
+    """The analysis of every profile the inventory knows (HostConfig.analysis), by name, as the
+    host-side programs read it (the watch's and the metrics file's configuration)."""
     specs = {}
     for name in profile_names(host.settings.profiles):
         data = {**BUILTIN_PROFILES.get(name, {}), **host.settings.profiles.get(name, {})}
@@ -50,6 +47,16 @@ def host_config(host: HostConfig) -> dict[str, Any]:
                                and "budget_schedule" not in data else None,
                                overrides=host.settings.profiles)
         specs[name] = host.analysis(prof).to_dict()
+    return specs
+
+
+def host_config(host: HostConfig) -> dict[str, Any]:
+    """The watch's configuration as the host reads it (pure): with the analysis of every known
+    profile, the spec its gate judges by (HostConfig.analysis), which the watch fits to the live
+    release's manifest."""
+    w = host.settings.watch
+    policy = host.gate_policy()
+    specs = analysis_specs(host)
     baseline = host.profile(host.baseline_profile)
     from opsctl.gate.baseline import baseline_paths  # the one name of the stored baseline bench (the gate's)
 

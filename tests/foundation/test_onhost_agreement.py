@@ -61,7 +61,8 @@ def test_the_archive_is_the_package_and_runs_on_the_standard_library_alone(pyz):
                           "result = sorted(m for m in sys.modules if m.startswith('opsctl_onhost.'))")
     assert loaded == sorted(f"{PACKAGE}.{m}" for m in mods)
     for args, rc, needle in ((["watch", "--help"], 0, "--config"), (["loadgen", "--help"], 0, "--concurrency"),
-                             ([], 2, "usage: opsctl-onhost.pyz {watch|loadgen}")):
+                             (["metrics", "--help"], 0, "--root"),
+                             ([], 2, "usage: opsctl-onhost.pyz {watch|loadgen|metrics}")):
         p = subprocess.run([sys.executable, "-I", "-S", str(pyz), *args], capture_output=True, text=True, timeout=60)
         assert p.returncode == rc and needle in p.stdout + p.stderr, (args, p.stdout, p.stderr)
 

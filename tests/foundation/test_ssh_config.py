@@ -317,7 +317,7 @@ def test_ansible_connects_with_the_rendered_args(tmp_path, fake_ssh, monkeypatch
     host = inv.hosts["lab"]
     extravars = {"opsctl_release_id": "r1", "opsctl_root": "/nonexistent/opsctl", "opsctl_env_dir": "/nonexistent/e",
                  "opsctl_wheelhouse_dir": "/nonexistent/w", "opsctl_service_user": "",
-                 "opsctl_onhost_b64": ""}
+                 "opsctl_onhost_b64": "", "opsctl_metrics_b64": ""}
     with pytest.raises(HostError) as exc:
         run_playbook(inv, host, "prepare.yml", extravars, timeout_s=120)
     assert "unreachable" in exc.value.problem and "via root@127.0.0.1:9" in exc.value.problem
