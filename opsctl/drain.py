@@ -216,7 +216,7 @@ class Gap:
         """The controller's record once the start that followed the switch is ready (or not): the
         figures only it knows (the stop, the start, back in the pool, the start-up's phases), naming
         the host's switch record by `switch_id`. Readers see the two as one switch record
-        (opsctl.host.facts.fold_switches); no second `switch` record."""
+        (opsctl.onhost.ledger_records.fold_switches); no second `switch` record."""
         full = self.record()
         keep = ("result", "to_release", "drain_s", "stop_s", "start_s", "gap_s", "out_of_pool_s", "stopped_at",
                 "ready_at", "pool_in_at", "time_scale", "site", "startup")

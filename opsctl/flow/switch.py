@@ -320,7 +320,7 @@ def back_in_pool(conn: Connection, host: HostConfig, gap: Gap, since: int | None
     try:
         with BRAKE.held():
             # the switch itself is on record already (bin/opsctl-switch wrote it on the host): the
-            # start's figures, named by its switch_id (read back as one record: facts.fold_switches)
+            # start's figures, named by its switch_id (read back as one record: onhost.ledger_records.fold_switches)
             append_ledger(conn, host, gap.start_record() if gap.recorded_on_host else rec)
     except OpsctlError as exc:
         steps.note(f"could not record the switch's gap: {exc.problem}")

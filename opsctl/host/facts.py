@@ -18,6 +18,7 @@ from typing import Any, Generic, Iterator, TypeVar
 
 from opsctl.errors import HostError
 from opsctl.host.connection import Connection, Result
+from opsctl.onhost.ledger_records import fold_switches
 
 # opsctl.journal (its parsers: some 40 patterns, a dozen dataclasses) is imported by the facts that
 # read the journal, when they run: status, history and the watch's status read none
@@ -481,28 +482,6 @@ class LedgerRecords(Fact[tuple]):
                 continue
             records.append(rec)
         return fold_switches(records), problems
-
-
-def fold_switches(records: list[dict]) -> list[dict]:
-    """The ledger as its readers take it: each switch recorded on the host (bin/opsctl-switch,
-    `switch_id`) with the figures of its `start` record (the controller's, after the start) folded
-    in, and that `start` record dropped. A switch whose start nobody recorded (the controller was
-    lost) stays `result: switched`. Older ledgers (one `switch` record written by the controller
-    after the start) read as they always did."""
-    starts = {r.get("switch_id"): r for r in records if r.get("action") == "start" and r.get("switch_id")}
-    switched = {r.get("switch_id") for r in records if r.get("action") == "switch" and r.get("switch_id")}
-    out = []
-    for rec in records:
-        act = rec.get("action")
-        if act == "start" and rec.get("switch_id") in switched:
-            continue
-        if act == "switch" and rec.get("switch_id") in starts:
-            st = starts[rec["switch_id"]]
-            rec = {**rec, **{k: v for k, v in st.items() if k not in ("action", "ts", "host", "who", "rollout",
-                                                                    "switch_id", "to_release")},
-                   "start_ts": st.get("ts")}
-        out.append(rec)
-    return out
 
 
 # --------------------------------------------------------------------------- this start of the unit

@@ -30,7 +30,7 @@ import sys
 import time
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from . import analysis
+from . import analysis, ledger_records
 
 CONFIG_NAME = "metrics.json"
 TEXTFILE_DEFAULT = "/var/lib/prometheus/node-exporter/opsctl.prom"
@@ -230,20 +230,12 @@ def ledger_summary_of(root: str) -> dict:
 
 
 def read_ledger(root: str) -> List[dict]:
-    out = []
+    """The ledger as its readers take it: a switch with its start's figures (ledger_records)."""
     try:
         with open(os.path.join(root, "ledger.jsonl"), "rb") as f:
-            data = f.read()
+            return ledger_records.fold_switches(ledger_records.json_records(f.read()))
     except OSError:
-        return out
-    for line in data[:data.rfind(b"\n") + 1].decode("utf-8", "replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
+        return []
 
 
 def guard_state(unit: str, run=subprocess.run) -> Optional[str]:

@@ -54,7 +54,7 @@ import time
 # imports this module for `opsctl status` and `watch status` and never makes one
 import urllib.error
 
-from . import analysis, diagnosis, journal_lines, metrics, prometheus
+from . import analysis, diagnosis, journal_lines, ledger_records, metrics, prometheus
 from .journal_lines import READY_LINE
 
 EVENT_SCHEMA = "opsctl.watch.event/1"
@@ -322,15 +322,7 @@ def read_ledger(root: str, pos: int = 0) -> tuple:
         f.seek(pos)
         data = f.read()
     end = data.rfind(b"\n") + 1
-    out = []
-    for line in data[:end].decode("utf-8", "replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out, pos + end, reread
+    return ledger_records.json_records(data[:end]), pos + end, reread
 
 
 def append_ledger(root: str, record: dict) -> dict:

@@ -7,6 +7,7 @@ import http.server
 import importlib.machinery
 import importlib.util
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -400,3 +401,27 @@ def test_fallbacks_never_switched_to_leave_the_serving_release_alone_as_the_last
     assert host.switched == [] and current(root) == "ddtree-b8-new"
     last = host.records[-1]
     assert last["last_resort"] is True and last["result"] == "ok" and last["restart"] is False
+
+
+def test_a_guard_waits_for_a_switch_in_flight_and_acts_on_what_it_made(root):
+    """A controller killed mid-switch frees the deploy lock while bin/opsctl-switch still runs: the
+    guard waits on the switch's own lock, then reads what is live (here: the switch made the
+    rollback, so there is nothing to revert), never the half-made state before it."""
+    import fcntl
+    import threading
+
+    args = _args(root, "ar-tp8-base")
+    host = FakeHost(args, {"ar-tp8-base": UP})
+    fd = os.open(root / ".switch.lock", os.O_WRONLY | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)   # the rollback's switch, in flight
+    done: list[int] = []
+    t = threading.Thread(target=lambda: done.append(guard.revert(host, args)))
+    t.start()
+    t.join(0.6)
+    assert t.is_alive() and not done and host.switched == [] and host.records == []
+    make_current(root, "ar-tp8-base")   # the switch flips, then releases its lock
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+    t.join(10)
+    assert done == [0] and host.switched == []
+    assert host.records[0]["result"] == "unchanged" and host.records[0]["live"] == "ar-tp8-base"

@@ -95,3 +95,31 @@ def test_after_a_kill_during_the_rollback_the_records_say_what_the_host_does():
     # a re-run that restarts the same release is not a switch away from it: still unfinished
     again = recs[:2] + [_host_switch(BAD, BAD, "deploy", "s3")]
     assert HostState(current=BAD, releases={}, ledger=facts.fold_switches(again), service={}).interrupted_deploy()
+
+
+def test_two_switches_of_one_host_run_one_after_the_other(tmp_path):
+    """bin/opsctl-switch holds ROOT/.switch.lock from reading `current` to its end: a second one (a
+    guard's, once a killed controller freed the deploy lock) waits, then reads what the first made."""
+    import fcntl
+    import time
+
+    root = tmp_path / "root"
+    release(root, GOOD)
+    release(root, BAD, "ddtree")
+    make_current(root, BAD)
+    install_programs(root, ("opsctl-switch", "opsctl-ledger-append"))
+    fd = os.open(root / ".switch.lock", os.O_WRONLY | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)   # the rollback's switch, in flight
+    # the guard's switch: acts only while BAD is live. MIN_FREE beyond any disk: had it read BAD (not
+    # waiting), it would stop at the room check (exit 28) before touching anything
+    proc = subprocess.Popen([str(root / "bin/opsctl-switch"), str(root), "sglang-k26", GOOD, "guard-timeout", "lab",
+                             BAD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={"PATH": "/usr/bin:/bin", "OPSCTL_SWITCH_MIN_FREE": str(2**62)})
+    time.sleep(0.6)
+    assert proc.poll() is None   # waiting on the lock
+    make_current(root, GOOD)     # the rollback flips, then lets go
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "no longer live (" + GOOD in out, out + err
+    assert [(r["action"], r["result"]) for r in read_ledger(root)] == [("guard", "unchanged")]
