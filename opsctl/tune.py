@@ -524,7 +524,9 @@ def plan_tune(inventory, budgets: list[int], *, concurrency: list[int] | None = 
                    f"one candidate (budget {budgets[0]}): its own release is the trial" if alone else None)
     trial_profile = None
     if mode == ONE_RESTART:
-        trial_profile = host.profile(profile_name, trial_set=[str(b) for b in budgets] + schedules)
+        # the candidates other than the first (active at start) capture only the batch sizes the levels reach
+        trial_profile = host.profile(profile_name, trial_set=[str(b) for b in budgets] + schedules,
+                                     trial_bs=levels)
     else:
         sched_reason = None   # each trial restarts anyway
     return TunePlan(host, profile_name, list(budgets), policy, profiles, capture_bs, mode, mode_reason, schedule_trial,

@@ -360,6 +360,10 @@ def register(app: typer.Typer) -> None:
                 _output.info(f"[{r['host']}] note: {r['release']} serves as the deploy guard's last resort "
                              f"({lr.get('ts')}): every fallback failed ({', '.join(lr.get('tried') or [])}), so the "
                              f"release that served when the guard began started again; it was never judged")
+            jc = r.get("jit_cache")
+            if jc:   # issue #51: will the next start find FlashInfer's and SGLang's JIT kernels built?
+                word = {True: "warm", False: "COLD", None: "unknown"}[jc.get("warm")]
+                _output.info(f"[{r['host']}] JIT caches for the next start: {word}: {jc.get('why')}")
             sv = r.get("serving")
             if sv:   # the runtime's own word on what serves (issue #50 item 2)
                 _output.info(f"[{r['host']}] serving: DDTree {sv['active']} (the runtime's /server_info)"
