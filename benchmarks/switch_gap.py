@@ -193,9 +193,21 @@ def main() -> int:
 
         from opsctl import lab
 
+        from opsctl.lab import holder
+
         with _locked(C.SESSION_LOCK, 3600):   # other sessions use the lab: one at a time
-            lab.ensure_artifacts()           # this checkout's emulator and runtime in the lab's wheelhouse
-            start_res = starts(a.inventory)
+            was_up = lab.status(probe_ssh=False).running
+            if not was_up:
+                lab.up(say=lambda m: None)
+                holder.write_holder("benchmarks/switch_gap.py")
+            else:
+                lab.ensure_artifacts()           # this checkout's emulator and runtime in the lab's wheelhouse
+            try:
+                start_res = starts(a.inventory)
+            finally:
+                if not was_up and a.starts_only:
+                    lab.down(say=lambda m: None)
+                    holder.clear_holder()
         if a.starts_only:
             if a.json:
                 print(json.dumps({"starts": start_res}, indent=1))
