@@ -382,6 +382,13 @@ def test_candidates_not_active_capture_only_the_batch_sizes_the_levels_reach(tmp
             "DDTree trial draft budget 8: bs [1, 4, 16] for 8",
             "DDTree trial draft budget 4: bs [1, 4, 8, 16] for 4, 1:16,3:4,16:0",
         ]
+        assert "DDTree trial set: 4, 8, 16, 1:16,3:4,16:0 (active 16; verify widths 17,9,5,1; draft budgets " \
+               "16,8,4; trial bs 1,4)" in _messages(emu, "TP0")
+        # opsctl's validation reads the trial bs from that line: every width and draft budget as planned
+        parsed = journal.parse(emu.text())
+        found = {f.check: f for f in validate.validate_startup(parsed, validate.expectations_from_log(parsed))}
+        assert found["capture.trial_widths"].ok and found["capture.trial_drafts"].ok, \
+            [f.diagnosis for f in found.values() if not f.ok]
         s = startup.parse(emu.text())
         c = emu_startup.DEFAULTS
         assert s.phase("capture target verify width 9").seconds == pytest.approx(

@@ -275,7 +275,8 @@ class TrialSet:
     def log_line(self) -> str:
         return (f"DDTree trial set: {join_names(self.names)} (active {self.names[self.active]}; "
                 f"verify widths {','.join(map(str, self.widths))}; "
-                f"draft budgets {','.join(map(str, self.draft_budgets)) or '-'})")
+                f"draft budgets {','.join(map(str, self.draft_budgets)) or '-'}"
+                + (f"; trial bs {','.join(map(str, self.trial_bs))}" if self.trial_bs else "") + ")")
 
     @staticmethod
     def width_line(width: int, bs: Optional[List[int]], users: Sequence[str]) -> str:
