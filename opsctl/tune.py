@@ -653,7 +653,9 @@ def _startup_part(key: str) -> bool:
     return key.startswith(("capture", "draft_capture", "compile budget"))
 
 
-def project_start(known: list, widths: list[int], draft_budgets: list[int]) -> float | None:
+def project_start(known: list, widths: list[int], draft_budgets: list[int], *,
+                  width_share: dict[int, float] | None = None, draft_share: dict[int, float] | None = None
+                  ) -> float | None:
     """A start that captures target graphs of `widths` and the drafter's for `draft_budgets` (each
     with its Triton compile), projected from the starts on record (newest first, issue #49: a tune's
     plan projected every restart at the last start's seconds, and its trial release, which captures
@@ -661,7 +663,9 @@ def project_start(known: list, widths: list[int], draft_budgets: list[int]) -> f
     (weight load, warm-up, the rest); each width's capture is the newest capture of that width on
     record, else the nearest width's (a capture's cost is mostly its batch sizes); each draft budget's
     capture likewise; a compile only for a budget no start on record compiled (the cache keeps the
-    kernels), at the nearest compiled budget's seconds. None without a DDTree start on record."""
+    kernels), at the nearest compiled budget's seconds. `width_share` / `draft_share`: the share of the
+    capture list a width's (a draft budget's) graphs hold (a trial set with `trial_bs` captures fewer
+    for the candidates not active; a capture's cost is its graphs). None without a DDTree start on record."""
     def speculative(st) -> bool:   # a verify graph is a DDTree start (records read before --all: no server_args)
         return st.ddtree or any(p.kind == "target verify" for p in st.phases)
 
@@ -705,10 +709,25 @@ def project_start(known: list, widths: list[int], draft_budgets: list[int]) -> f
         k = min(near, key=lambda k: (abs(k - b), -k))
         return compiled[k] * b / k
 
-    total = base + sum(capture(w) for w in widths)
-    total += sum(drafts[b] if b in drafts else nearest(drafts, b) for b in draft_budgets)
+    ws, ds = width_share or {}, draft_share or {}
+    total = base + sum(capture(w) * ws.get(w, 1.0) for w in widths)
+    total += sum((drafts[b] if b in drafts else nearest(drafts, b)) * ds.get(b, 1.0) for b in draft_budgets)
     total += sum(compile_s(b) for b in draft_budgets if b not in compiled)
     return round(total, 1)
+
+
+def _trial_shares(plan: TunePlan) -> dict:
+    """Each width's and draft budget's share of the capture list in the trial release (its
+    candidates other than the first capture only what the levels reach: `trial_bs`)."""
+    from opsctl import schedule as schedule_mod
+
+    prof = plan.trial_profile
+    bs = list(prof.captured_batch_sizes or []) if prof is not None else []
+    if prof is None or not prof.trial_bs or not bs:
+        return {}
+    tp = schedule_mod.trial_plan(list(prof.trial_set), bs, active=prof.trial_set[0], trial_bs=list(prof.trial_bs))
+    return {"width_share": {u.key: len(u.bs) / len(bs) for u in tp.widths},
+            "draft_share": {u.key: len(u.bs) / len(bs) for u in tp.drafts}}
 
 
 def project_restarts(rp: RestartPlan, plan: TunePlan, last, ledger: list[dict]) -> RestartPlan:
@@ -719,7 +738,8 @@ def project_restarts(rp: RestartPlan, plan: TunePlan, last, ledger: list[dict]) 
 
     known = _known_starts(last, ledger)
     if plan.mode == ONE_RESTART:
-        one = project_start(known, _widths(plan.candidates), trialset.draft_budgets(plan.candidates))
+        one = project_start(known, _widths(plan.candidates), trialset.draft_budgets(plan.candidates),
+                            **_trial_shares(plan))
         trials = [one] * plan.trial_restarts
     else:
         trials = [project_start(known, [b + 1], [b]) for b in plan.budgets]
