@@ -196,6 +196,7 @@ def parse(source: Any) -> Startup:
         bs = next((c.bs for c in caps if c.bs), None)
         if bs:
             detail["bs"] = [min(bs), max(bs)] if len(bs) > 1 else list(bs)
+            detail["graphs"] = len(set(bs))   # a capture's cost is its graphs (tune's projection)
         phases.append(Phase(key, s, "line", at, kind=kind, width=width, budget=budget, detail=detail))
     phases.extend(compiles.values())
 

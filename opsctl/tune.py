@@ -654,8 +654,8 @@ def _startup_part(key: str) -> bool:
 
 
 def project_start(known: list, widths: list[int], draft_budgets: list[int], *,
-                  width_share: dict[int, float] | None = None, draft_share: dict[int, float] | None = None
-                  ) -> float | None:
+                  width_share: dict[int, float] | None = None, draft_share: dict[int, float] | None = None,
+                  full_graphs: int | None = None) -> float | None:
     """A start that captures target graphs of `widths` and the drafter's for `draft_budgets` (each
     with its Triton compile), projected from the starts on record (newest first, issue #49: a tune's
     plan projected every restart at the last start's seconds, and its trial release, which captures
@@ -676,16 +676,22 @@ def project_start(known: list, widths: list[int], draft_budgets: list[int], *,
     caps: dict[int, float] = {}
     drafts: dict[int, float] = {}
     compiled: dict[int, float] = {}
+    def full(p) -> float:
+        """A capture's seconds for the whole list (`full_graphs`) when its record says how many graphs
+        it held (a schedule's band or a trial width may have held a few), else as recorded."""
+        n = p.detail.get("graphs") if isinstance(p.detail, dict) else None
+        return p.seconds * full_graphs / n if full_graphs and isinstance(n, int) and n > 0 else p.seconds
+
     for st in reversed(known):   # oldest first: the newest value wins
         for p in st.phases:
             if p.seconds is None:
                 continue
             if p.kind in ("target verify", "target decode") and p.width is not None and speculative(st):
-                caps[p.width] = p.seconds
+                caps[p.width] = full(p)
             elif p.key.startswith("draft_capture budget") and p.budget is not None:
-                drafts[p.budget] = p.seconds
+                drafts[p.budget] = full(p)
             elif p.key.startswith("draft_capture") and speculative(st):   # one drafter capture for every budget
-                drafts[0] = p.seconds
+                drafts[0] = full(p)
             elif p.key.startswith("compile budget") and p.budget is not None:
                 compiled[p.budget] = p.seconds
 
@@ -727,7 +733,7 @@ def _trial_shares(plan: TunePlan) -> dict:
         return {}
     tp = schedule_mod.trial_plan(list(prof.trial_set), bs, active=prof.trial_set[0], trial_bs=list(prof.trial_bs))
     return {"width_share": {u.key: len(u.bs) / len(bs) for u in tp.widths},
-            "draft_share": {u.key: len(u.bs) / len(bs) for u in tp.drafts}}
+            "draft_share": {u.key: len(u.bs) / len(bs) for u in tp.drafts}, "full_graphs": len(bs)}
 
 
 def project_restarts(rp: RestartPlan, plan: TunePlan, last, ledger: list[dict]) -> RestartPlan:
