@@ -13,7 +13,16 @@ balancer (opsctl.lab.stream): the inventory's drain hooks (`out` / `in`, added t
 inventory) pause and resume it, so the drain has requests in flight to wait for. Every request
 is counted: finished with its full length, or cut.
 
+A DDTree budget-16 release's start, today's against issue #51's (`--starts`, on by default;
+`--starts-only` runs just it): first `deploy ddtree --budget 16` as a release rendered today starts
+(SGLang's own capture list, JIT caches cold: the shared cache directories emptied first), then, after
+a rollback to the baseline whose journal holds the lab's traffic (its bench), `deploy ddtree --budget
+16 --capture-from-traffic` (the list chosen from that traffic, JIT caches warm from the first start).
+Both starts at the site's scale, phase by phase, with the capture plan's modelled padding cost;
+target: the new start <= half of today's (6 min 51 s -> 3 min 25 s) at <= 3 % padding.
+
     python benchmarks/switch_gap.py [-i inventories/lab] [--budgets 4,8] [--stream 3:900] [--json]
+                                    [--starts-only | --no-starts]
 """
 from __future__ import annotations
 
@@ -97,13 +106,114 @@ def run_step(name: str, args: list[str], inv: str, load: tuple[int, int] | None)
             "requests": {"sent": len(reqs), "full_length": full, "cut": len(reqs) - full}}
 
 
+TARGET_START_S = 205.0                 # issue #51: half of today's 6 min 51 s, 3 min 25 s
+MAX_PADDING = 0.03
+JIT_DIRS = "/opt/opsctl/shared/cache/sglang /opt/opsctl/shared/cache/sglang-jit"
+
+
+def _phases(rec: dict) -> dict[str, float]:
+    raw = (rec.get("startup") or {}).get("phases") or []
+    return raw if isinstance(raw, dict) else {p["phase"]: p.get("seconds") for p in raw if p.get("seconds")}
+
+
+def _site_start(rec: dict) -> float | None:
+    st = rec.get("startup") or {}
+    return st.get("total_s") if st.get("time_scale") else (rec.get("site") or {}).get("start_s")
+
+
+def _deploy_json(args: list[str], inv: str) -> dict:
+    p = opsctl("deploy", *args, "--json", inv=inv)
+    if p.returncode != 0:
+        raise SystemExit(f"opsctl deploy {' '.join(args)} exited {p.returncode}: "
+                         f"{(p.stderr.strip().splitlines() or [''])[-1]}")
+    lines = [line for line in p.stdout.splitlines() if line.strip()]
+    doc = json.loads(lines[-1]) if lines else {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def starts(inv: str) -> dict:
+    """Today's budget-16 start against issue #51's, on the lab's traffic (see the docstring)."""
+    t0 = time.time()
+    _deploy_json(["ar-tp8", "--yes", "--skip-checks"], inv)          # the baseline live, its bench in the journal
+    guest_run(f"rm -rf {JIT_DIRS}", check=True)                       # today: every JIT cache cold
+    today = _deploy_json(["ddtree", "--budget", "16", *FAST], inv)
+    p = opsctl("rollback", inv=inv)
+    if p.returncode != 0:
+        raise SystemExit(f"rollback failed: {p.stderr.strip()[-300:]}")
+    new = _deploy_json(["ddtree", "--budget", "16", "--capture-from-traffic", *FAST], inv)
+    recs = [r for r in switch_records(inv, t0) if r.get("why") in ("deploy", None) or r.get("to_release")]
+    by_release = {r.get("to_release"): r for r in recs}
+    out = {}
+    for name, doc in (("today", today), ("issue 51", new)):
+        o = (doc.get("outcomes") or [{}])[0]
+        rec = by_release.get(o.get("release")) or {}
+        plan = o.get("capture_plan") or {}
+        out[name] = {"release": o.get("release"), "start_site_s": _site_start(rec), "phases": _phases(rec),
+                     "graphs": plan.get("graphs_after"), "graphs_before": plan.get("graphs_before"),
+                     "padding": plan.get("padding_after", 0.0), "chosen": plan.get("chosen"),
+                     "time_scale": rec.get("time_scale")}
+    new_s = out["issue 51"]["start_site_s"]
+    out["target"] = {"start_s": TARGET_START_S, "padding": MAX_PADDING,
+                     "met": bool(new_s is not None and new_s <= TARGET_START_S
+                                 and (out["issue 51"]["padding"] or 0.0) <= MAX_PADDING)}
+    return out
+
+
+def print_starts(res: dict) -> None:
+    a, b = res["today"], res["issue 51"]
+    print("DDTree budget 16: a release's start at the site's scale (modelled by the lab's emulator)")
+    print(f"| | today | issue #51 |")
+    print("|---|---:|---:|")
+    print(f"| start | {human_s(a['start_site_s'])} | {human_s(b['start_site_s'])} |")
+    keys = list(dict.fromkeys([*a["phases"], *b["phases"]]))
+    for k in keys:
+        print(f"| {k} | {human_s(a['phases'].get(k)) if k in a['phases'] else '-'} | "
+              f"{human_s(b['phases'].get(k)) if k in b['phases'] else '-'} |")
+    print(f"| target-verify graphs | {b.get('graphs_before') or '?'} | {b.get('graphs') or '?'} "
+          f"({b.get('chosen')}) |")
+    print(f"| modelled padding cost | 0.00 % | {100 * (b['padding'] or 0.0):.2f} % |")
+    t = res["target"]
+    print(f"target: start <= {human_s(t['start_s'])} with padding <= {t['padding']:.0%}: "
+          + ("met" if t["met"] else "NOT met"))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-i", "--inventory", default="inventories/lab")
     ap.add_argument("--budgets", default="4,8")
     ap.add_argument("--stream", default="3:900", help="WORKERS:TOKENS of the request stream, 0 for none")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--starts-only", action="store_true", help="only today's budget-16 start against issue #51's")
+    ap.add_argument("--no-starts", action="store_true", help="skip the budget-16 start comparison")
     a = ap.parse_args()
+    start_res = None
+    if not a.no_starts:
+        from opsctl.lab import constants as C
+        from opsctl.lab.host import _locked
+
+        from opsctl import lab
+
+        from opsctl.lab import holder
+
+        with _locked(C.SESSION_LOCK, 3600):   # other sessions use the lab: one at a time
+            was_up = lab.status(probe_ssh=False).running
+            if not was_up:
+                lab.up(say=lambda m: None)
+                holder.write_holder("benchmarks/switch_gap.py")
+            else:
+                lab.ensure_artifacts()           # this checkout's emulator and runtime in the lab's wheelhouse
+            try:
+                start_res = starts(a.inventory)
+            finally:
+                if not was_up and a.starts_only:
+                    lab.down(say=lambda m: None)
+                    holder.clear_holder()
+        if a.starts_only:
+            if a.json:
+                print(json.dumps({"starts": start_res}, indent=1))
+            else:
+                print_starts(start_res)
+            return 0
     load = None if a.stream in ("0", "") else tuple(int(x) for x in a.stream.split(":"))
     tmp = Path(tempfile.mkdtemp(prefix="switch-gap-"))
     inv = balanced_inventory(a.inventory, tmp / "inv") if load else a.inventory
@@ -131,8 +241,11 @@ def main() -> int:
                          "start_phases_site_s": phases})
     requests = {st["name"]: {**st["requests"], "wall_s": round(st["wall_s"], 1)} for st in steps}
     if a.json:
-        print(json.dumps({"switches": rows, "operations": requests}, indent=1))
+        print(json.dumps({"switches": rows, "operations": requests, "starts": start_res}, indent=1))
         return 0
+    if start_res:
+        print_starts(start_res)
+        print()
     head = f"{'operation':<12} {'switch':<9} {'drain':>8} {'stop':>8} {'start':>8} {'gap':>8} {'aborted':>7}   " \
            f"{'site: drain':>12} {'stop':>10} {'start':>12} {'gap':>12}"
     print(head)

@@ -151,6 +151,8 @@ def main(argv=None) -> int:
             if not was_up:
                 lab.up(say=lambda m: None)
                 holder.write_holder("benchmarks/tune_restarts.py")
+            else:   # the lab's wheelhouse holds this checkout's emulator and runtime (another session built its own)
+                lab.ensure_artifacts()
             try:
                 lab.clear_fault(None)
                 p = opsctl(inv, "deploy", "ar-tp8", "--yes", "--skip-checks")   # the baseline judged and live

@@ -268,6 +268,7 @@ class TrialSetLine:
     active: str                       # the one the trial-set file configures (a control file overrides it)
     widths: tuple[int, ...]           # widest first
     draft_budgets: tuple[int, ...]    # largest first
+    trial_bs: tuple[int, ...] | None = None   # `; trial bs 1,8,32`: the other candidates capture what these reach
 
     @property
     def rank(self) -> str:
@@ -318,7 +319,8 @@ class RefusalLine:
 
 _NAMES = r"[\d:,]+(?:, [\d:,]+)*"
 _TRIAL_SET = re.compile(r"^DDTree trial set: (?P<c>" + _NAMES + r") \(active (?P<a>[\d:,]+); verify widths "
-                        r"(?P<w>\d+(?:,\d+)*); draft budgets (?P<d>\d+(?:,\d+)*|-)\)$")
+                        r"(?P<w>\d+(?:,\d+)*); draft budgets (?P<d>\d+(?:,\d+)*|-)"
+                        r"(?:; trial bs (?P<t>\d+(?:,\d+)*))?\)$")
 _TRIAL_WIDTH = re.compile(r"^DDTree trial width (?P<w>\d+) \(budget \d+\): bs (?P<bs>\[[\d, ]*\]|-) "
                           r"for (?P<u>" + _NAMES + r")$")
 _TRIAL_DRAFT = re.compile(r"^DDTree trial draft budget (?P<b>\d+): bs (?P<bs>\[[\d, ]*\]|-) for (?P<u>" + _NAMES + r")$")
@@ -343,7 +345,8 @@ def parse_trial_line(line: LogLine) -> "TrialSetLine | TrialUnitLine | ActiveLin
     m = _TRIAL_SET.match(text)
     if m:
         return TrialSetLine(line, _names(m["c"]), m["a"], tuple(int(w) for w in m["w"].split(",")),
-                            () if m["d"] == "-" else tuple(int(b) for b in m["d"].split(",")))
+                            () if m["d"] == "-" else tuple(int(b) for b in m["d"].split(",")),
+                            tuple(int(b) for b in m["t"].split(",")) if m["t"] else None)
     m = _TRIAL_WIDTH.match(text)
     if m:
         return TrialUnitLine(line, "width", int(m["w"]), _bs_field(m["bs"]), _names(m["u"]))

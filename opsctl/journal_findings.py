@@ -734,6 +734,14 @@ def _per_rank_captures(parsed: ParsedJournal, *kinds: str) -> dict[str, list[Cap
     return dict(out)
 
 
+def _trial_routing(parsed: ParsedJournal) -> dict:
+    """The active candidate and `trial bs` of the last start's trial-set line (what the others capture)."""
+    lines = _trial_set_lines(parsed)
+    if not lines or not lines[0].trial_bs:
+        return {}
+    return {"active": lines[0].active, "trial_bs": list(lines[0].trial_bs)}
+
+
 def _check_trial_widths(parsed: ParsedJournal, names: list[str]) -> Finding:
     """Each verify width of the trial set captured on every rank, over the bs its candidates route to it."""
     check = "capture.trial_widths"
@@ -760,7 +768,8 @@ def _check_trial_widths(parsed: ParsedJournal, names: list[str]) -> Finding:
         if any(c.num_tokens_per_req is None or not c.bs for c in caps):
             problems.append(("a capture line without num_tokens_per_req or bs=[...]", rank))
             continue
-        plan = schedule_mod.trial_plan(names, sorted({b for c in caps for b in c.bs}))  # type: ignore[union-attr]
+        plan = schedule_mod.trial_plan(names, sorted({b for c in caps for b in c.bs}),  # type: ignore[union-attr]
+                                       **_trial_routing(parsed))
         want = {u.key: set(u.bs) for u in plan.widths if u.bs}
         got: dict[int, set[int]] = defaultdict(set)
         for c in caps:
@@ -819,7 +828,8 @@ def _check_trial_drafts(parsed: ParsedJournal, names: list[str]) -> Finding:
         if not tcaps:
             problems.append(("no target verify capture to route the draft budgets' batch sizes by", rank))
             continue
-        plan = schedule_mod.trial_plan(names, sorted({b for c in tcaps for b in c.bs}))  # type: ignore[union-attr]
+        plan = schedule_mod.trial_plan(names, sorted({b for c in tcaps for b in c.bs}),  # type: ignore[union-attr]
+                                       **_trial_routing(parsed))
         mine = drafts.get(rank, [])
         for u in plan.drafts:
             caps = [c for c in mine if c.trial == u.key]

@@ -126,6 +126,10 @@ def server_env(host: HostConfig, profile: Profile) -> dict[str, str]:
     root, current = host.install_root, host.install_root / "current"
     env = {
         "HOME": str(root / "shared" / "home"),
+        # the JIT caches outside the release, kept across releases: SGLang puts FlashInfer's workspace,
+        # Inductor, DeepGEMM, CUDA's and its autotune caches under SGLANG_CACHE_DIR; each keys its entries
+        # by what built them (versions, arch, sources), so releases of any base env share it (docs/startup.md)
+        "SGLANG_CACHE_DIR": str(root / "shared" / "cache" / "sglang"),
         "SGLANG_JIT_CACHE_DIR": str(root / "shared" / "cache" / "sglang-jit"),
         "TRITON_CACHE_DIR": str(root / "shared" / "cache" / "triton"),
         "PYTHONPATH": str(current / "site"),
@@ -173,6 +177,8 @@ def render(host: HostConfig, profile: Profile) -> Rendered:
         profile_doc.pop("tree_torch_fallback")
     if profile.trial_set is None:
         profile_doc.pop("trial_set")
+    if profile.trial_bs is None:   # keep trial releases without levels (and their ids) as they were
+        profile_doc.pop("trial_bs")
     if profile.cuda_graph_bs is None:   # keep renders without a chosen list (and their release ids) as they were
         profile_doc.pop("cuda_graph_bs")
     launch = {
@@ -188,6 +194,6 @@ def render(host: HostConfig, profile: Profile) -> Rendered:
     if profile.schedule is not None:
         files[SCHEDULE_FILE] = profile.schedule.to_json()
     if profile.trial_set is not None:
-        files[trialset.TRIAL_SET_FILE] = trialset.trial_set_json(profile.trial_set)
+        files[trialset.TRIAL_SET_FILE] = trialset.trial_set_json(profile.trial_set, trial_bs=profile.trial_bs)
     return Rendered(host=host.name, profile=profile, release_files=files, argv=argv,
                     install_root=host.install_root, unit_name=host.unit_name, env=env)

@@ -256,13 +256,29 @@ def trial_draft_budgets(candidates) -> list[int]:
     return sorted({b.budget for c in candidates for b in parse_candidate(c).bands if b.budget > 0}, reverse=True)
 
 
-def trial_plan(candidates, capture_bs: list[int]) -> TrialPlan:
+def trial_band_bs(sizes: list[int], capture_bs: list[int], trial_bs) -> list[int]:
+    """A band's graphs for a candidate other than the active one when the trial set has `trial_bs`
+    (the runtime's `TrialSet.band_bs`): the size each trial batch pads to, when it is this band's,
+    and the band's largest."""
+    if not sizes or not trial_bs:
+        return list(sizes)
+    keep = {sizes[-1]}
+    for t in trial_bs:
+        padded = pad_to_captured(int(t), capture_bs)   # past the largest graph: itself, in no band's sizes
+        if padded in sizes:
+            keep.add(padded)
+    return sorted(keep)
+
+
+def trial_plan(candidates, capture_bs: list[int], *, active: str | None = None, trial_bs=None) -> TrialPlan:
     """Per verify width the captured bs that some candidate routes to a band of that width, per
     draft budget those routed to a band of that budget (each candidate routes a running batch as
-    its schedule does: padded to the captured bs, then the band)."""
+    its schedule does: padded to the captured bs, then the band). With `trial_bs`, a candidate other
+    than `active` (default the first) routes only what those batch sizes reach (trial_band_bs)."""
     scheds = [parse_candidate(c) for c in candidates]
     names = tuple(candidate_name(s) for s in scheds)
     cs = sorted(set(int(b) for b in capture_bs))
+    active_name = candidate_name(active) if active is not None else (names[0] if names else None)
 
     def routed(keep) -> tuple[tuple[int, ...], tuple[str, ...]]:
         bs: set[int] = set()
@@ -272,7 +288,7 @@ def trial_plan(candidates, capture_bs: list[int]) -> TrialPlan:
             for i, sizes in enumerate(s.captured_by_band(cs)):
                 if keep(s.bands[i]):
                     hit = True
-                    bs.update(sizes)
+                    bs.update(sizes if not trial_bs or name == active_name else trial_band_bs(sizes, cs, trial_bs))
             if hit:
                 users.append(name)
         return tuple(sorted(bs)), tuple(users)

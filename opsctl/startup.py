@@ -13,7 +13,11 @@ the journal's clock:
 | `draft_capture budget <B>`  | a DDTree trial set: the drafter's capture after `DDTree trial draft budget |
 |                             | B`, less budget B's compile (which ran inside it)                        |
 | `compile budget <B>`        | the DDTree runtime's `DDTREE Triton compile: budget=B, ..., elapsed=X s` |
-| `warmup`                    | the clock from `Uvicorn running on` (or the last start-up line) to ready |
+| `jit`                       | the first forward's JIT builds into a cold cache: FlashInfer's         |
+|                             | `flashinfer.jit: Building JIT module NAME` lines (SGLang's own JIT says   |
+|                             | nothing at INFO), the clock from the first to the line after the last    |
+| `warmup`                    | the clock from `Uvicorn running on` (or the last start-up line) to ready, |
+|                             | less the JIT builds                                                      |
 | `other`                     | total less the phases above (process start, NCCL init, KV cache, ...)     |
 | total                       | the clock from the start's first line to `The server is fired up ...`    |
 
@@ -43,9 +47,11 @@ SLOWER = 0.30       # a start this much slower than the previous start of the sa
 _COMPILE = re.compile(r"^DDTREE Triton compile: budget=(?P<budget>\d+), block=(?P<block>\d+), "
                       r"vocab_shard=(?P<vocab>\d+), arch=(?P<arch>\w+), elapsed=(?P<s>[\d.]+) s")
 _LAB = re.compile(r"^\[opsctl-lab\] start-up at the site's scale: total=(?P<total>[\d.]+) s, "
-                  r"warm-up=(?P<warmup>[\d.]+) s \(lab (?P<lab>[\d.]+) s, time scale (?P<scale>[\d.eE+]+)\)")
+                  r"warm-up=(?P<warmup>[\d.]+) s(?:, jit=(?P<jit>[\d.]+) s)? \(lab (?P<lab>[\d.]+) s, time scale (?P<scale>[\d.eE+]+)\)")
 _LOAD_END = re.compile(r"^Load weight end\.(?:.*?\belapsed=(?P<s>[\d.]+) s)?")
 _UVICORN = re.compile(r"^INFO:\s+Uvicorn running on ")
+# FlashInfer 0.7.2's cold build (flashinfer/jit/core.py JitSpec.build, its own logger and format)
+JIT_BUILD = re.compile(r"flashinfer\.jit: Building JIT module (?P<name>[^;\s]+)")
 _DDTREE_ALGOS = {"DDTREE"}
 
 
@@ -190,6 +196,7 @@ def parse(source: Any) -> Startup:
         bs = next((c.bs for c in caps if c.bs), None)
         if bs:
             detail["bs"] = [min(bs), max(bs)] if len(bs) > 1 else list(bs)
+            detail["graphs"] = len(set(bs))   # a capture's cost is its graphs (tune's projection)
         phases.append(Phase(key, s, "line", at, kind=kind, width=width, budget=budget, detail=detail))
     phases.extend(compiles.values())
 
@@ -218,6 +225,21 @@ def parse(source: Any) -> Startup:
         mark = uv[-1] if uv else (startup_marks[-1] if startup_marks else None)
         if mark is not None:
             warm_s = (ready.timestamp - mark.timestamp).total_seconds()
+    builds = [ln for ln in lines if JIT_BUILD.search(ln.text) and (ready is None or ln.line_no < ready.line_no)]
+    if builds:
+        jit_s = None
+        if lab is not None and lab["jit"] is not None:
+            jit_s = float(lab["jit"])
+        else:
+            after = next((ln for ln in lines if ln.line_no > builds[-1].line_no and ln.timestamp is not None), None)
+            if builds[0].timestamp is not None and after is not None:
+                jit_s = (after.timestamp - builds[0].timestamp).total_seconds()
+        if jit_s is not None and warm_s is not None:
+            jit_s = min(jit_s, warm_s)
+            warm_s = round(warm_s - jit_s, 2)
+        phases.append(Phase("jit", jit_s, "lab" if lab is not None and lab["jit"] is not None else "clock",
+                            builds[0].line_no,
+                            detail={"flashinfer_modules": sorted({JIT_BUILD.search(ln.text)["name"] for ln in builds})}))
     if ready is not None and warm_s is not None:
         phases.append(Phase("warmup", warm_s, warm_src, ready.line_no))
     known = sum(p.seconds or 0.0 for p in phases)
@@ -242,6 +264,8 @@ _FIX = {
                "(TRITON_CACHE_DIR with opsctl-triton-manifest.json) for every specialisation before the switch",
     "warmup": "the warm-up request took longer: a cold JIT cache (FlashInfer, DeepGEMM) or autotuning; keep the "
               "JIT caches on the host between releases",
+    "jit": "the first forward built JIT kernels into a cold cache: a new SGLang/FlashInfer/torch (each keys its "
+           "cache by version), or SGLANG_CACHE_DIR not the host's shared one (shared/cache/jit)",
     "other": "time outside the phases SGLang reports grew: process start, NCCL init, KV-cache allocation",
 }
 
@@ -350,6 +374,38 @@ def unrecorded_start(rec: dict) -> bool:
     return rec.get("action") == "switch" and rec.get("result") == "switched" and rec.get("by") == "opsctl-switch"
 
 
+def jit_outlook(cache: dict, ledger: list[dict], cache_dir: str) -> dict:
+    """Whether the next start will find the JIT caches warm (issue #51), from what the shared cache
+    holds (facts.JitCaches) and the host's last start that got ready (any release: the caches are
+    shared, each keyed by the versions that built it): warm when that start's JIT builds (its `jit`
+    phase's FlashInfer modules, none when it found them built) are all still in the cache."""
+    fi = {m for mods in (cache.get("flashinfer") or {}).values() for m in mods}
+    n_fi, n_sg = len(fi), len(cache.get("sglang_jit") or [])
+    last = None
+    for rec in reversed(ledger):
+        st = _ready_start(rec)
+        if st is not None:
+            last = {"release": rec.get("to_release"), "ts": rec.get("ts"), **st}
+            break
+    out: dict[str, Any] = {"dir": cache_dir, "flashinfer": cache.get("flashinfer") or {},
+                           "sglang_jit": n_sg, "inductor_files": cache.get("inductor_files", 0),
+                           "last_start": last["release"] if last else None}
+    held = f"{n_fi} FlashInfer module(s), {n_sg} SGLang JIT build(s)"
+    if not n_fi and not n_sg:
+        return {**out, "warm": False, "why": f"empty ({cache_dir}): the next start builds FlashInfer's and "
+                                              "SGLang's JIT kernels in its warm-up (minutes at the site)"}
+    if last is None:
+        return {**out, "warm": None, "why": f"{held} cached; no ready start on record to say what a start needs"}
+    jit = next((p for p in last.get("phases") or [] if isinstance(p, dict) and p.get("phase") == "jit"), None)
+    built = set((jit or {}).get("flashinfer_modules") or [])
+    missing = sorted(built - fi)
+    if missing:
+        return {**out, "warm": False, "why": f"{held}; {len(missing)} module(s) the last start built are gone "
+                                              f"({', '.join(missing[:3])}): the next start builds them again"}
+    how = (f"its {len(built)} FlashInfer build(s) are there" if built else "it found every module built")
+    return {**out, "warm": True, "why": f"{held} cached; the last start ({last['release']}) got ready and {how}"}
+
+
 def compare_with_ledger(current: Startup, profile: str, ledger: list[dict]) -> tuple[SlowerStart, dict | None]:
     """`current` against the previous start of `profile` in `ledger` (the switch record read, or None)."""
     prev = previous_start(ledger, profile)
@@ -403,6 +459,9 @@ def phase_label(p: Phase) -> str:
         return "weight load"
     if p.key == "warmup":
         return "warm-up"
+    if p.key == "jit":
+        n = len(p.detail.get("flashinfer_modules") or [])
+        return f"JIT builds (cold cache: {n} FlashInfer module{'s' if n != 1 else ''} and SGLang's)"
     if p.key == "other":
         return "other (process start, NCCL, KV cache)"
     if p.key.startswith("compile"):

@@ -114,13 +114,18 @@ def draft_budgets(candidates: list[str] | tuple[str, ...]) -> list[int]:
     return sorted(schedule_mod.trial_draft_budgets(candidates))
 
 
-def trial_set_json(candidates: list[str] | tuple[str, ...], active: str | None = None) -> str:
+def trial_set_json(candidates: list[str] | tuple[str, ...], active: str | None = None,
+                   trial_bs: list[int] | tuple[int, ...] | None = None) -> str:
     """The release's trial-set file. `active` (default: the first candidate) serves from the start
-    until a control file names another."""
+    until a control file names another; `trial_bs` (the tune's levels): the other candidates capture
+    only the batch sizes these reach (the runtime's TrialSet.band_bs)."""
     active = active or candidates[0]
     if active not in candidates:
         raise ConfigError(f"trial set: active {active} is not a candidate", "name one of the candidates")
-    return json.dumps({"candidates": list(candidates), "active": active}, indent=2) + "\n"
+    doc: dict = {"candidates": list(candidates), "active": active}
+    if trial_bs:
+        doc["trial_bs"] = sorted(set(int(b) for b in trial_bs))
+    return json.dumps(doc, indent=2) + "\n"
 
 
 def control_json(candidate: str) -> str:

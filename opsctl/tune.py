@@ -524,7 +524,9 @@ def plan_tune(inventory, budgets: list[int], *, concurrency: list[int] | None = 
                    f"one candidate (budget {budgets[0]}): its own release is the trial" if alone else None)
     trial_profile = None
     if mode == ONE_RESTART:
-        trial_profile = host.profile(profile_name, trial_set=[str(b) for b in budgets] + schedules)
+        # the candidates other than the first (active at start) capture only the batch sizes the levels reach
+        trial_profile = host.profile(profile_name, trial_set=[str(b) for b in budgets] + schedules,
+                                     trial_bs=levels)
     else:
         sched_reason = None   # each trial restarts anyway
     return TunePlan(host, profile_name, list(budgets), policy, profiles, capture_bs, mode, mode_reason, schedule_trial,
@@ -651,7 +653,9 @@ def _startup_part(key: str) -> bool:
     return key.startswith(("capture", "draft_capture", "compile budget"))
 
 
-def project_start(known: list, widths: list[int], draft_budgets: list[int]) -> float | None:
+def project_start(known: list, widths: list[int], draft_budgets: list[int], *,
+                  width_share: dict[int, float] | None = None, draft_share: dict[int, float] | None = None,
+                  full_graphs: int | None = None) -> float | None:
     """A start that captures target graphs of `widths` and the drafter's for `draft_budgets` (each
     with its Triton compile), projected from the starts on record (newest first, issue #49: a tune's
     plan projected every restart at the last start's seconds, and its trial release, which captures
@@ -659,7 +663,9 @@ def project_start(known: list, widths: list[int], draft_budgets: list[int]) -> f
     (weight load, warm-up, the rest); each width's capture is the newest capture of that width on
     record, else the nearest width's (a capture's cost is mostly its batch sizes); each draft budget's
     capture likewise; a compile only for a budget no start on record compiled (the cache keeps the
-    kernels), at the nearest compiled budget's seconds. None without a DDTree start on record."""
+    kernels), at the nearest compiled budget's seconds. `width_share` / `draft_share`: the share of the
+    capture list a width's (a draft budget's) graphs hold (a trial set with `trial_bs` captures fewer
+    for the candidates not active; a capture's cost is its graphs). None without a DDTree start on record."""
     def speculative(st) -> bool:   # a verify graph is a DDTree start (records read before --all: no server_args)
         return st.ddtree or any(p.kind == "target verify" for p in st.phases)
 
@@ -670,16 +676,22 @@ def project_start(known: list, widths: list[int], draft_budgets: list[int]) -> f
     caps: dict[int, float] = {}
     drafts: dict[int, float] = {}
     compiled: dict[int, float] = {}
+    def full(p) -> float:
+        """A capture's seconds for the whole list (`full_graphs`) when its record says how many graphs
+        it held (a schedule's band or a trial width may have held a few), else as recorded."""
+        n = p.detail.get("graphs") if isinstance(p.detail, dict) else None
+        return p.seconds * full_graphs / n if full_graphs and isinstance(n, int) and n > 0 else p.seconds
+
     for st in reversed(known):   # oldest first: the newest value wins
         for p in st.phases:
             if p.seconds is None:
                 continue
             if p.kind in ("target verify", "target decode") and p.width is not None and speculative(st):
-                caps[p.width] = p.seconds
+                caps[p.width] = full(p)
             elif p.key.startswith("draft_capture budget") and p.budget is not None:
-                drafts[p.budget] = p.seconds
+                drafts[p.budget] = full(p)
             elif p.key.startswith("draft_capture") and speculative(st):   # one drafter capture for every budget
-                drafts[0] = p.seconds
+                drafts[0] = full(p)
             elif p.key.startswith("compile budget") and p.budget is not None:
                 compiled[p.budget] = p.seconds
 
@@ -703,10 +715,25 @@ def project_start(known: list, widths: list[int], draft_budgets: list[int]) -> f
         k = min(near, key=lambda k: (abs(k - b), -k))
         return compiled[k] * b / k
 
-    total = base + sum(capture(w) for w in widths)
-    total += sum(drafts[b] if b in drafts else nearest(drafts, b) for b in draft_budgets)
+    ws, ds = width_share or {}, draft_share or {}
+    total = base + sum(capture(w) * ws.get(w, 1.0) for w in widths)
+    total += sum((drafts[b] if b in drafts else nearest(drafts, b)) * ds.get(b, 1.0) for b in draft_budgets)
     total += sum(compile_s(b) for b in draft_budgets if b not in compiled)
     return round(total, 1)
+
+
+def _trial_shares(plan: TunePlan) -> dict:
+    """Each width's and draft budget's share of the capture list in the trial release (its
+    candidates other than the first capture only what the levels reach: `trial_bs`)."""
+    from opsctl import schedule as schedule_mod
+
+    prof = plan.trial_profile
+    bs = list(prof.captured_batch_sizes or []) if prof is not None else []
+    if prof is None or not prof.trial_bs or not bs:
+        return {}
+    tp = schedule_mod.trial_plan(list(prof.trial_set), bs, active=prof.trial_set[0], trial_bs=list(prof.trial_bs))
+    return {"width_share": {u.key: len(u.bs) / len(bs) for u in tp.widths},
+            "draft_share": {u.key: len(u.bs) / len(bs) for u in tp.drafts}, "full_graphs": len(bs)}
 
 
 def project_restarts(rp: RestartPlan, plan: TunePlan, last, ledger: list[dict]) -> RestartPlan:
@@ -717,7 +744,8 @@ def project_restarts(rp: RestartPlan, plan: TunePlan, last, ledger: list[dict]) 
 
     known = _known_starts(last, ledger)
     if plan.mode == ONE_RESTART:
-        one = project_start(known, _widths(plan.candidates), trialset.draft_budgets(plan.candidates))
+        one = project_start(known, _widths(plan.candidates), trialset.draft_budgets(plan.candidates),
+                            **_trial_shares(plan))
         trials = [one] * plan.trial_restarts
     else:
         trials = [project_start(known, [b + 1], [b]) for b in plan.budgets]

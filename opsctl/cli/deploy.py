@@ -366,6 +366,10 @@ def register(app: typer.Typer) -> None:
             if r["release"] and built and built != __version__:
                 _output.info(f"[{r['host']}] note: {r['release']} was built by opsctl {built}; this is opsctl "
                              f"{__version__}")
+            jc = r.get("jit_cache")
+            if jc:   # issue #51: will the next start find FlashInfer's and SGLang's JIT kernels built?
+                word = {True: "warm", False: "COLD", None: "unknown"}[jc.get("warm")]
+                _output.info(f"[{r['host']}] JIT caches for the next start: {word}: {jc.get('why')}")
             sv = r.get("serving")
             if sv:   # the runtime's own word on what serves (issue #50 item 2)
                 _output.info(f"[{r['host']}] serving: DDTree {sv['active']} (the runtime's /server_info)"

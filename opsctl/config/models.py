@@ -89,6 +89,9 @@ class Profile(_Strict):
     trial_set: tuple[str, ...] | None = Field(None, description="DDTree trial release (opsctl tune): every candidate "
                                               "budget and schedule captured at one start, switched live by a control "
                                               "file (opsctl/trialset.py); budget is their largest")
+    trial_bs: tuple[int, ...] | None = Field(None, description="a trial set's tune levels: a candidate other than "
+                                             "the active one captures only the batch sizes these reach (and each "
+                                             "band's largest); the active one captures every size")
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
 
@@ -124,6 +127,12 @@ class Profile(_Strict):
             if self.budget != largest:
                 raise ValueError(f"profile {self.name}: budget {self.budget} is not the trial set's largest "
                                  f"({largest}); the server is sized for the widest width")
+        if self.trial_bs is not None:
+            if self.trial_set is None:
+                raise ValueError(f"profile {self.name}: trial_bs applies only to a trial set (opsctl tune)")
+            if not self.trial_bs or min(self.trial_bs) < 1 or list(self.trial_bs) != sorted(set(self.trial_bs)):
+                raise ValueError(f"profile {self.name}: trial_bs must be increasing batch sizes >= 1, "
+                                 f"got {list(self.trial_bs)}")
         if self.cuda_graph_bs is not None:
             bs = list(self.cuda_graph_bs)
             if not bs or bs != sorted(set(bs)) or bs[0] < 1:
@@ -622,11 +631,12 @@ class HostConfig(_Strict):
 
     def profile(self, name: str, budget: int | None = None, budget_schedule: str | None = None, *,
                 trial_set: list[str] | tuple[str, ...] | None = None,
-                cuda_graph_bs: list[int] | tuple[int, ...] | None = None) -> Profile:
+                cuda_graph_bs: list[int] | tuple[int, ...] | None = None,
+                trial_bs: list[int] | tuple[int, ...] | None = None) -> Profile:
         from opsctl.config.profiles import resolve_profile
 
         profile = resolve_profile(name, budget, overrides=self.settings.profiles, budget_schedule=budget_schedule,
-                                  trial_set=trial_set, cuda_graph_bs=cuda_graph_bs)
+                                  trial_set=trial_set, cuda_graph_bs=cuda_graph_bs, trial_bs=trial_bs)
         if profile.tp_size > self.gpu.count:  # hosts of a fleet differ (host_vars): refused before any host I/O
             raise ConfigError(f"profile {profile.label} runs tensor-parallel over {profile.tp_size} GPUs; host "
                               f"{self.name} has opsctl.gpu.count {self.gpu.count}",

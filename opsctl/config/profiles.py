@@ -30,7 +30,8 @@ def resolve_profile(name: str, budget: int | None = None, *,
                     overrides: dict[str, dict[str, Any]] | None = None,
                     budget_schedule: str | None = None,
                     trial_set: list[str] | tuple[str, ...] | None = None,
-                    cuda_graph_bs: list[int] | tuple[int, ...] | None = None) -> Profile:
+                    cuda_graph_bs: list[int] | tuple[int, ...] | None = None,
+                    trial_bs: list[int] | tuple[int, ...] | None = None) -> Profile:
     """Built-in profile `name`, with the inventory's overrides and the CLI budget (or
     budget schedule, or trial set: opsctl tune's candidates captured at one start) applied, and
     an explicit capture list (`cuda_graph_bs`: --capture-from-traffic's choice) over the profile's. A
@@ -60,10 +61,13 @@ def resolve_profile(name: str, budget: int | None = None, *,
     if kind == "ddtree" and trial_set is not None:
         trial_set = tuple(trialset_mod.canonical(c) for c in trial_set)
         data["trial_set"] = trial_set
+        if trial_bs is not None:
+            data["trial_bs"] = tuple(sorted(set(int(b) for b in trial_bs)))
         data.pop("budget_schedule", None)
         budget = trialset_mod.max_budget(trial_set)
     elif kind == "ddtree":
         data.pop("trial_set", None)
+        data.pop("trial_bs", None)
     if kind == "ddtree" and trial_set is None:
         sched_text = budget_schedule
         if sched_text is None and budget is None:

@@ -13,7 +13,7 @@ from opsctl.host.connection import connect
 from opsctl.drain import last_switch
 from opsctl.flow.switch import guard_unit
 from opsctl.releases import ledger_lost_problem, read_state
-from opsctl.startup import last_start
+from opsctl.startup import jit_outlook, last_start
 from opsctl import serving
 from opsctl.serving import ServingDDTree
 
@@ -29,6 +29,7 @@ def status(inventory: str | Path | Inventory, *, limit: str | None = None) -> li
             with facts.cached(conn):  # each fact read once for this host
                 state = read_state(conn, host)
                 watch_state = watch.brief(conn, host)
+                jit_cache = facts.get(conn, facts.JitCaches(str(host.install_root)), timeout=30)
                 cur = state.current_release
                 # what the DDTree runtime serves, from the runtime (issue #50 item 2)
                 runtime = (facts.get(conn, ServingDDTree(str(host.host_python), host.http_port), timeout=30)
@@ -87,6 +88,8 @@ def status(inventory: str | Path | Inventory, *, limit: str | None = None) -> li
                                   "live": r.id == state.current, "last_start": last_start(state.ledger, r.id)}
                                  for r in sorted(state.releases.values(), key=lambda r: r.created_at, reverse=True)],
             "last_start": last_start(state.ledger, state.current),
+            # whether the next start finds the shared JIT caches warm (issue #51)
+            "jit_cache": jit_outlook(jit_cache, state.ledger, str(host.install_root / "shared" / "cache")),
             "baseline_last_start": last_start(state.ledger, baseline),
             "watch": watch_state,
             "rollout": _live_rollout(state),

@@ -420,6 +420,39 @@ class FirstLines(Fact[list]):
 
 
 @dataclass(frozen=True)
+class JitCaches(Fact[dict]):
+    """What the host's shared JIT caches hold (issue #51): FlashInfer's built modules per
+    `<flashinfer version>/<archs>` under SGLANG_CACHE_DIR (`<root>/shared/cache/sglang`, where SGLang
+    0.5.23 points FLASHINFER_WORKSPACE_BASE), SGLang's JIT builds (`<root>/shared/cache/sglang-jit`,
+    one `.so` per build leaf) and Inductor's files. Nothing there: zeros."""
+
+    root: str
+
+    def command(self) -> str:
+        c = shlex.quote(str(PurePosixPath(self.root) / "shared" / "cache"))
+        return (f"cd {c} 2>/dev/null || exit 0; "
+                "for f in sglang/.cache/flashinfer/*/*/cached_ops/*/*.so; do [ -f \"$f\" ] && echo \"fi $f\"; done; "
+                "for f in sglang-jit/*/*/build-*/deps-*/*.so; do [ -f \"$f\" ] && echo \"sg $f\"; done; "
+                "[ -d sglang/inductor ] && echo \"ind $(find sglang/inductor -type f | wc -l)\"; true")
+
+    def process(self, stdout: str) -> dict:
+        flashinfer: dict[str, list[str]] = {}
+        sglang_jit: list[str] = []
+        inductor = 0
+        for line in stdout.splitlines():
+            kind, _, rest = line.partition(" ")
+            parts = rest.split("/")
+            if kind == "fi" and len(parts) == 8:   # sglang/.cache/flashinfer/VER/ARCH/cached_ops/NAME/NAME.so
+                flashinfer.setdefault(f"{parts[3]}/{parts[4]}", []).append(parts[6])
+            elif kind == "sg" and len(parts) == 6:   # sglang-jit/TARGET/MODULE/build-K/deps-K/MODULE.so
+                sglang_jit.append(f"{parts[1]}/{parts[2]}")
+            elif kind == "ind" and rest.strip().isdigit():
+                inductor = int(rest)
+        return {"flashinfer": {k: sorted(v) for k, v in sorted(flashinfer.items())},
+                "sglang_jit": sorted(set(sglang_jit)), "inductor_files": inductor}
+
+
+@dataclass(frozen=True)
 class CurrentRelease(Fact["str | None"]):
     """The release the `current` link points at (None: no link)."""
 

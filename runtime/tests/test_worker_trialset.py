@@ -106,6 +106,9 @@ def test_trial_set_file_and_env(tmp_path):
     ({"candidates": ["4", "16"], "active": "8"}, "'active' 8 is not a candidate"),
     ({"candidates": ["4", "16"], "active": 0}, "'active': .*budget must be in"),
     ({"candidates": ["4", "16"], "activ": "4"}, "unknown key"),
+    ({"candidates": ["4", "16"], "trial_bs": [0, 8]}, "'trial_bs' must be a non-empty list of batch sizes >= 1"),
+    ({"candidates": ["4", "16"], "trial_bs": []}, "'trial_bs' must be a non-empty list"),
+    ({"candidates": ["4", "16"], "trial_bs": "1,8"}, "'trial_bs' must be a non-empty list"),
 ])
 def test_trial_set_file_errors(tmp_path, obj, msg):
     with pytest.raises(ValueError, match=msg):
@@ -790,3 +793,14 @@ def test_bench_trialset_arguments():
         bt.build_plan(["8", "1:8,3:4,4:0"], [1, 2, 4, 8])  # 3 pads to 4: band 3:4 never selected
     assert bt.backend_model_bytes(128, 17, 32768) == {"kv_indices": 128 * 17 * 32768 * 8,
                                                       "verify_mask": 128 * 17 * (32768 + 17)}
+
+
+def test_trial_bs_leaves_the_other_candidates_the_graphs_their_levels_reach(tmp_path):
+    """Issue #51: `trial_bs` (a tune's levels): `active` keeps every captured bs; the others capture per
+    band what those batch sizes pad to and the band's largest; the set line names them."""
+    ts = load_trial_set(17, {ENV_TRIAL_SET_FILE: _write(tmp_path / "ts.json", {
+        "candidates": ["4", "8", "16"], "active": "16", "trial_bs": [1, 5]})})
+    ts.set_cuda_graph_bs([1, 2, 4, 6, 8, 16])
+    assert [(w, bs) for w, bs, _ in ts.verify_plan()] == [(17, [1, 2, 4, 6, 8, 16]), (9, [1, 6, 16]), (5, [1, 6, 16])]
+    assert [(b, bs) for b, bs, _ in ts.draft_plan()] == [(16, [1, 2, 4, 6, 8, 16]), (8, [1, 6, 16]), (4, [1, 6, 16])]
+    assert ts.log_line().endswith("; draft budgets 16,8,4; trial bs 1,5)")

@@ -82,6 +82,9 @@ class Emu:
         e["PYTHONPATH"] = os.pathsep.join([str(EMULATOR_SRC), str(self.dirs["site"])])
         e["OPSCTL_LAB_FAULTS"] = str(self.dirs["faults"])
         e["OPSCTL_LAB_RUN_DIR"] = str(self.dirs["run"])
+        # the JIT caches the first forward fills (never the user's ~/.cache/sglang)
+        e["SGLANG_CACHE_DIR"] = str(tmp / "sglang-cache")
+        e["SGLANG_JIT_CACHE_DIR"] = str(tmp / "sglang-jit")
         if plugins is None:
             e.pop("SGLANG_PLUGINS", None)
         else:

@@ -33,7 +33,8 @@ def _manifest(tmp_path, *budgets):
 
 def test_phases_carry_modelled_seconds_and_the_lab_waits_them_scaled(tmp_path):
     t0 = time.monotonic()
-    with Emu(tmp_path, AR, env={"OPSCTL_LAB_STARTUP": json.dumps({"weight_load_s": 1000, "warmup_s": 0})}) as emu:
+    with Emu(tmp_path, AR, env={"OPSCTL_LAB_STARTUP": json.dumps({"weight_load_s": 1000, "warmup_s": 0, "jit_s": 0,
+                                                           "vision_compile_s": 0})}) as emu:
         emu.wait_ready()
         lab_s = time.monotonic() - t0
         text = emu.text()
@@ -53,7 +54,10 @@ def test_default_start_is_minutes_at_the_site_and_about_a_second_here(tmp_path):
         lab_s = time.monotonic() - t0
     s = startup.parse(emu.text())
     assert 420 <= s.total_s <= 480, s.as_dict()           # 7-8 min at the site
-    assert s.phase("weight_load").seconds >= 36 and s.phase("warmup").seconds == 180.0
+    # the ~3 min warm-up of a first start: the JIT builds into cold caches (150 s), then the image
+    # request's MoonViT compile and the request itself (30 s)
+    assert s.phase("weight_load").seconds >= 36 and s.phase("jit").seconds == 150.0
+    assert s.phase("warmup").seconds == 30.0
     assert s.phase("compile budget 16").seconds == 22.1  # issue 36's table
     # run at the lab's scale (500 by default: ~0.9 s); a busy CI box adds seconds of process start,
     # never the site's minutes
@@ -248,3 +252,45 @@ def test_sigterm_with_force_shutdown_exits_at_once(tmp_path):
         emu.proc.send_signal(signal.SIGTERM)
         assert emu.wait_exit(5) == 0
     assert "Signal SIGTERM received while force shutdown flag set. Force exiting." in emu.text()
+
+
+def _jit_lines(emu) -> list[str]:
+    return [line for line in emu.lines if "flashinfer.jit: Building JIT module" in line]
+
+
+def test_jit_caches_cold_then_warm_across_starts(tmp_path):
+    """The first start builds FlashInfer's and SGLang's JIT modules in its warm-up (FlashInfer 0.7.2's
+    own lines) and leaves them in SGLANG_CACHE_DIR / SGLANG_JIT_CACHE_DIR; a second start with the
+    same caches (another release directory, the same shared caches) has no JIT phase and a warm-up
+    of seconds."""
+    caches = {"SGLANG_CACHE_DIR": str(tmp_path / "shared-cache"), "SGLANG_JIT_CACHE_DIR": str(tmp_path / "jit")}
+    with Emu(tmp_path / "first", DDTREE16, env=caches) as first:
+        first.wait_ready()
+    with Emu(tmp_path / "second", DDTREE16, env=caches) as second:
+        second.wait_ready()
+    cold, warm = startup.parse(first.text()), startup.parse(second.text())
+    built = _jit_lines(first)
+    assert len(built) == 3 and all(re.search(r"^\d{4}-\d\d-\d\d [\d:]+,\d{3} - INFO - core.py:594 - flashinfer.jit: "
+                                             r"Building JIT module \S+; this can take several minutes on first use.$",
+                                             line) for line in built), built
+    assert any("Using a 512x512 image for Kimi VLM startup warmup" in line for line in first.lines)
+    assert any('"POST /v1/chat/completions HTTP/1.1" 200 OK' in line for line in first.lines)
+    assert cold.phase("jit").seconds == 150.0 and len(cold.phase("jit").detail["flashinfer_modules"]) == 3
+    assert not _jit_lines(second) and warm.phase("jit") is None
+    # warm: the request and MoonViT's compile with a warm Inductor cache (6 + 6 s)
+    assert warm.phase("warmup").seconds == 12.0 and cold.total_s - warm.total_s == pytest.approx(168.0, abs=0.1)
+    assert list((tmp_path / "shared-cache" / ".cache" / "flashinfer" / "0.7.2" / "120" / "cached_ops").iterdir())
+
+
+def test_skip_server_warmup_moves_the_jit_builds_to_the_first_request(tmp_path):
+    """--skip-server-warmup: ready without a warm-up request; with cold caches the first request's
+    forward pays the JIT builds (after the ready line), as SGLang 0.5.23 does."""
+    with Emu(tmp_path, DDTREE16 + ["--skip-server-warmup"]) as emu:
+        emu.wait_ready()
+        ready_at = len(emu.lines)
+        assert not _jit_lines(emu)
+        s = startup.parse(emu.text())
+        assert s.phase("jit") is None and s.phase("warmup").seconds == 0.0
+        code, body = emu.post("/generate", {"text": "hello", "sampling_params": {"max_new_tokens": 4}})
+        assert code == 200 and json.loads(body)["meta_info"]["completion_tokens"] == 4
+        assert len(_jit_lines(emu)) == 3 and emu.lines.index(_jit_lines(emu)[0]) >= ready_at

@@ -298,7 +298,7 @@ def test_an_uncaptured_candidate_is_refused_and_nothing_changes(tmp_path):
      "widest width)."),
     ({"candidates": ["16"], "active": "8"}, None, "DDTREE trial set file {path}: 'active' 8 is not a candidate (16)"),
     ({"candidates": ["16"], "budgets": [4]}, None,
-     "DDTREE trial set file {path}: unknown key(s) budgets (expected 'candidates' and optionally 'active')"),
+     "DDTREE trial set file {path}: unknown key(s) budgets (expected 'candidates' and optionally 'active' and 'trial_bs')"),
     ({"candidates": ["0", "16"]}, None,
      "DDTREE trial set file {path}: candidates[0]: DDTREE trial candidate '0': a budget must be in 1..1024 "
      "(budget 0 alone drafts nothing; use it as a band of a schedule)"),
@@ -362,3 +362,49 @@ def test_without_a_trial_set_server_info_names_the_budget_or_schedule(tmp_path):
     with Emu(tmp_path / "ar", ["--tp-size", "2", "--skip-server-warmup"]) as emu:
         emu.wait_ready(60)
         assert "ddtree" not in json.loads(emu.get("/server_info")[1])["internal_states"][0]
+
+
+def test_candidates_not_active_capture_only_the_batch_sizes_the_levels_reach(tmp_path):
+    """`trial_bs` (opsctl tune's levels): the active candidate keeps every graph, the others capture
+    per band the sizes the levels pad to and the band's largest; a width the active candidate uses
+    keeps all. The start is shorter by the graphs left out, and a batch between a trial width's
+    graphs steps at its next one."""
+    doc = {"candidates": CANDIDATES, "active": "16", "trial_bs": [1, 4]}
+    with Emu(tmp_path, TRIAL + ["--skip-server-warmup", "--enable-metrics"], env=_env(tmp_path, doc)) as emu:
+        emu.wait_ready(60)
+        tp0 = [_shape(m) for m in _messages(emu, "TP0") if m.startswith("DDTree trial ")][1:]
+        assert tp0 == [
+            "DDTree trial width 17 (budget 16): bs [1, 2, 3, 4, 6, 8, 16] for 16, 1:16,3:4,16:0",
+            "DDTree trial width 9 (budget 8): bs [1, 4, 16] for 8",
+            "DDTree trial width 5 (budget 4): bs [1, 4, 8, 16] for 4, 1:16,3:4,16:0",
+            "DDTree trial width 1 (budget 0): bs [16] for 1:16,3:4,16:0",
+            "DDTree trial draft budget 16: bs [1, 2, 3, 4, 6, 8, 16] for 16, 1:16,3:4,16:0",
+            "DDTree trial draft budget 8: bs [1, 4, 16] for 8",
+            "DDTree trial draft budget 4: bs [1, 4, 8, 16] for 4, 1:16,3:4,16:0",
+        ]
+        assert "DDTree trial set: 4, 8, 16, 1:16,3:4,16:0 (active 16; verify widths 17,9,5,1; draft budgets " \
+               "16,8,4; trial bs 1,4)" in _messages(emu, "TP0")
+        # opsctl's validation reads the trial bs from that line: every width and draft budget as planned
+        parsed = journal.parse(emu.text())
+        found = {f.check: f for f in validate.validate_startup(parsed, validate.expectations_from_log(parsed))}
+        assert found["capture.trial_widths"].ok and found["capture.trial_drafts"].ok, \
+            [f.diagnosis for f in found.values() if not f.ok]
+        s = startup.parse(emu.text())
+        c = emu_startup.DEFAULTS
+        assert s.phase("capture target verify width 9").seconds == pytest.approx(
+            3 * (c["capture_per_bs_s"] + c["capture_per_token_s"] * 9) * emu_startup.rank_factor(1), abs=0.01)
+        # budget 8 live: two requests at once step at width 9's graph for 4 (padded), counted in /metrics
+        _control(tmp_path, "8")
+        emu.post("/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 4}})
+        done = []
+        threads = [threading.Thread(target=lambda: done.append(emu.post(
+            "/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 48, "ignore_eos": True}})))
+            for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert [code for code, _ in done] == [200, 200]
+        _, metrics = emu.get("/metrics")
+    assert re.search(r'opsctl_lab:cuda_graph_padded_steps_total\{[^}]*running_bs="2",graph_bs="4"\} [1-9]',
+                     metrics.decode()), metrics.decode()[-800:]

@@ -98,3 +98,27 @@ def test_render_cli_shows_a_trial_release_and_refuses_a_bad_list():
     p = subprocess.run([*run, "--trial-set", "4,eight"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
     assert "'eight' is neither a budget nor a schedule" in p.stderr
+
+
+def test_the_tunes_levels_go_into_the_trial_set_and_the_plan_matches_the_runtimes(host):
+    """`trial_bs` (opsctl tune's levels): in the trial-set file, a release of its own (another id), and
+    opsctl's trial plan (what validate holds the start to) is the runtime's: the first candidate
+    (active at start) keeps every graph, the others capture the graphs the levels pad to."""
+    plain = render(host, host.profile("ddtree", trial_set=list(CANDS)))
+    r = render(host, host.profile("ddtree", trial_set=list(CANDS), trial_bs=[8, 1, 4]))
+    assert json.loads(r.release_files["ddtree-trialset.json"]) == {"candidates": list(CANDS), "active": "4",
+                                                                   "trial_bs": [1, 4, 8]}
+    assert r.digest() != plain.digest()
+    from opsctl import schedule
+
+    bs = r.profile.captured_batch_sizes
+    tp = schedule.trial_plan(list(CANDS), bs, active="4", trial_bs=[1, 4, 8])
+    assert tp.width_bs(5) == tuple(bs)                     # budget 4 is active: all of them
+    assert tp.width_bs(9) == (1, 4, 8, bs[-1])             # budget 8: the levels' graphs and the largest
+    sys.path[:0] = [str(REPO / "opsctl/lab/emulator"), str(REPO / "runtime/src")]
+    from sglang.lab import ddtree_runtime
+
+    rt = ddtree_runtime.trialset().TrialSet.from_json(json.loads(r.release_files["ddtree-trialset.json"]))
+    rt.set_cuda_graph_bs(bs)
+    assert [(w, tuple(b)) for w, b, _ in rt.verify_plan()] == [(u.key, u.bs) for u in tp.widths]
+    assert [(b, tuple(s)) for b, s, _ in rt.draft_plan() if s] == [(u.key, u.bs) for u in tp.drafts]

@@ -73,3 +73,26 @@ def test_without_a_ddtree_start_on_record_the_plan_stays_the_last_starts(lab_sta
     ar = lab_starts["ar"]
     rp = project_restarts(plan_restarts(plan, ar.total_s, 500.0, 10.0), plan, ar, [_record(ar, "ar-tp8-1")])
     assert rp.starts == [] and rp.projected_outage_s == round(2 * ar.total_s, 1)
+
+
+def test_a_trial_release_with_the_levels_bs_is_projected_per_graph():
+    """Issue #51: a capture's seconds are its graphs'. A width recorded from a schedule's band (7
+    graphs) stands for the whole list (27) when the trial release's active candidate captures it in
+    full; a width the levels reach with 4 graphs costs 4/27 of its full capture."""
+    P = startup.Phase
+    st = startup.Startup([P("weight_load", 36.8, "line"),
+                          P("capture target verify width 5", 43.0, "line", kind="target verify", width=5,
+                            detail={"graphs": 7}),
+                          P("capture target verify width 9", 171.0, "line", kind="target verify", width=9,
+                            detail={"graphs": 27}),
+                          P("draft_capture budget 4", 7.0, "line", kind="draft decode", budget=4,
+                            detail={"graphs": 7}),
+                          P("warmup", 12.0, "lab"), P("other", 14.0, "rest")],
+                         True, 36.8 + 43 + 171 + 7 + 12 + 14, "lab", ddtree=True)
+    base = 36.8 + 12 + 14
+    got = project_start([st], [9, 5], [4], width_share={9: 4 / 27, 5: 1.0}, draft_share={4: 1.0}, full_graphs=27)
+    assert got == pytest.approx(base + 171.0 * 4 / 27 + 43.0 / 7 * 27 + 7.0 / 7 * 27, abs=0.2)
+    # records without a graph count (older ledgers) are taken as they are
+    old = startup.Startup([P(p.key, p.seconds, p.source, kind=p.kind, width=p.width, budget=p.budget)
+                           for p in st.phases], True, st.total_s, "lab", ddtree=True)
+    assert project_start([old], [5], [4], full_graphs=27) == pytest.approx(base + 43.0 + 7.0, abs=0.2)

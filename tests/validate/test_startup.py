@@ -44,9 +44,9 @@ def test_emulator_start_golden():
     assert [p.as_dict() for p in s.phases] == [
         {"phase": "weight_load", "seconds": 36.76, "source": "line", "line": 18},
         {"phase": "capture target verify width 17", "seconds": 186.08, "source": "line", "line": 42,
-         "kind": "target verify", "width": 17, "budget": 16, "bs": [1, 64]},
+         "kind": "target verify", "width": 17, "budget": 16, "bs": [1, 64], "graphs": 27},
         {"phase": "draft_capture width 8", "seconds": 27.57, "source": "line", "line": 58, "kind": "draft decode",
-         "width": 8, "bs": [1, 64]},
+         "width": 8, "bs": [1, 64], "graphs": 27},
         {"phase": "compile budget 16", "seconds": 22.1, "source": "line", "line": 59, "budget": 16, "block": 8,
          "vocab_shard": 20480, "arch": "sm_120"},
         {"phase": "warmup", "seconds": 180.0, "source": "lab", "line": 78},

@@ -23,6 +23,12 @@ w (each captured bs once per width); for every distinct budget b > 0, ONE draft
 head (static buffers for the largest bs routed to b) and one draft graph runner
 (drafter + head folded in) over the bs routed to b.
 
+Optional ``"trial_bs": [1, 8, 32]`` (the batch sizes a tune's levels reach): a candidate other
+than ``active`` then captures, per band, only the captured batch sizes those reach (each trial bs
+rounded up to the band's next captured size) and the band's largest (so every batch of the band
+still has a graph to pad to); ``active`` captures every captured size.  A width or budget shared
+with ``active`` keeps the active candidate's sizes.  Without it every candidate captures all.
+
 Control file, named by ``SGLANG_DDTREE_CONTROL_FILE``::
 
     {"active": "1:16,3:4,16:0"}
@@ -113,7 +119,8 @@ class TrialSet:
     """The candidates, which one is configured active at start, and what they
     need captured (verify widths x batch sizes, draft budgets x batch sizes)."""
 
-    def __init__(self, candidates: Sequence[Candidate], active: int = 0, source: Optional[str] = None):
+    def __init__(self, candidates: Sequence[Candidate], active: int = 0, source: Optional[str] = None,
+                 trial_bs: Optional[Iterable[int]] = None):
         candidates = list(candidates)
         if not candidates:
             raise ValueError(f"DDTREE trial set {source}: no candidates")
@@ -130,16 +137,26 @@ class TrialSet:
         # one routing object per candidate (each gets the captured bs list)
         self.schedules: List[BudgetSchedule] = [c.schedule() for c in candidates]
         self._cuda_graph_bs: Optional[List[int]] = None
+        # the batch sizes a candidate other than `active` captures for (None: every captured size)
+        self.trial_bs: Optional[List[int]] = sorted(set(int(b) for b in trial_bs)) if trial_bs else None
+        if self.trial_bs is not None and self.trial_bs[0] < 1:
+            raise ValueError(f"DDTREE trial set {source}: trial_bs must be batch sizes >= 1, got {self.trial_bs}")
 
     # -- construction --------------------------------------------------
     @classmethod
     def from_json(cls, obj, path: str = "<json>") -> "TrialSet":
         if not isinstance(obj, Mapping):
             raise ValueError(f"DDTREE trial set file {path}: expected a JSON object, got {type(obj).__name__}")
-        unknown = sorted(set(obj) - {"candidates", "active"})
+        unknown = sorted(set(obj) - {"candidates", "active", "trial_bs"})
         if unknown:
             raise ValueError(f"DDTREE trial set file {path}: unknown key(s) {', '.join(unknown)} "
-                             f"(expected 'candidates' and optionally 'active')")
+                             f"(expected 'candidates' and optionally 'active' and 'trial_bs')")
+        trial_bs = obj.get("trial_bs")
+        if trial_bs is not None and (not isinstance(trial_bs, list) or not trial_bs
+                                     or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1
+                                                for b in trial_bs)):
+            raise ValueError(f"DDTREE trial set file {path}: 'trial_bs' must be a non-empty list of batch "
+                             f"sizes >= 1 (the tune's levels), got {trial_bs!r}")
         raw = obj.get("candidates")
         if not isinstance(raw, list) or not raw:
             raise ValueError(f"DDTREE trial set file {path}: 'candidates' must be a non-empty list")
@@ -160,7 +177,7 @@ class TrialSet:
                 raise ValueError(f"DDTREE trial set file {path}: 'active' {want} is not a candidate "
                                  f"({join_names(names)})")
             active = names.index(want)
-        return cls(cands, active, source=path)
+        return cls(cands, active, source=path, trial_bs=trial_bs)
 
     @classmethod
     def from_file(cls, path: str) -> "TrialSet":
@@ -218,15 +235,30 @@ class TrialSet:
         for s in self.schedules:
             s.check_graph_bands()
 
+    def band_bs(self, ci: int, i: int) -> Optional[List[int]]:
+        """The captured bs candidate ``ci`` needs a graph for in its band ``i``: all of the band's, or
+        for a candidate other than ``active`` with ``trial_bs``, those the trial sizes reach (each
+        rounded up to the band's next captured size) and the band's largest."""
+        s = self.schedules[ci]
+        full = s.cuda_graph_bs_for_band(i)
+        if full is None or not full or self.trial_bs is None or ci == self.active:
+            return full
+        keep = {full[-1]}
+        for t in self.trial_bs:
+            padded = s.pad_to_cuda_graph_bs(t)   # the graph a batch of t replays at (routing pads first)
+            if padded in full:
+                keep.add(padded)
+        return sorted(keep)
+
     def _routed(self, keep) -> Tuple[Optional[List[int]], List[str]]:
         """Captured bs that some candidate routes to a band passing ``keep``, and those candidates."""
         users, bs = [], set()
-        for c, s in zip(self.candidates, self.schedules):
+        for ci, (c, s) in enumerate(zip(self.candidates, self.schedules)):
             hit = False
             for i, band in enumerate(s.bands):
                 if keep(band):
                     hit = True
-                    bs.update(s.cuda_graph_bs_for_band(i) or [])
+                    bs.update(self.band_bs(ci, i) or [])
             if hit:
                 users.append(c.name)
         return (None if self._cuda_graph_bs is None else sorted(bs)), users
@@ -243,7 +275,8 @@ class TrialSet:
     def log_line(self) -> str:
         return (f"DDTree trial set: {join_names(self.names)} (active {self.names[self.active]}; "
                 f"verify widths {','.join(map(str, self.widths))}; "
-                f"draft budgets {','.join(map(str, self.draft_budgets)) or '-'})")
+                f"draft budgets {','.join(map(str, self.draft_budgets)) or '-'}"
+                + (f"; trial bs {','.join(map(str, self.trial_bs))}" if self.trial_bs else "") + ")")
 
     @staticmethod
     def width_line(width: int, bs: Optional[List[int]], users: Sequence[str]) -> str:

@@ -249,7 +249,9 @@ def main(argv: list[str] | None = None) -> None:
         st = startup.plan(groups=[] if graphs_off else groups, drafted_bs=drafted_bs if drafts else [],
                           budgets=budgets, block=block_size, vocab_shard=vocab // max(tp, 1),
                           skip_warmup=bool(args.skip_server_warmup), dummy_weights=args.load_format == "dummy",
-                          draft_groups=[(b, bs) for b, bs, _ in draft_plan] if trials is not None and drafts else None)
+                          draft_groups=[(b, bs) for b, bs, _ in draft_plan] if trials is not None and drafts else None,
+                          image_warmup=(model_cfg.get("architectures") or ["KimiK25ForConditionalGeneration"])[0]
+                          in startup.IMAGE_WARMUP_ARCHS and not args.skip_tokenizer_init)
     except startup.ScaleError as exc:
         startup.fail(str(exc))
     slow = active.get("slow_start")
@@ -397,7 +399,9 @@ def main(argv: list[str] | None = None) -> None:
             band_widths[int(wvt.get("band", 0))] = int(wvt["num_tokens_per_req"])
     emu = Emulator(args=args, model=model, algo=algo, width=int(width), captured_width=captured_width,
                    capture_bs=capture_bs, schedule=schedule, band_captured_widths=band_widths,
-                   trial_active=trial_active, trial_captured_widths=trial_widths, max_running=max_running,
+                   trial_active=trial_active, trial_captured_widths=trial_widths,
+                   trial_width_bs={w: list(bs or []) for w, bs, _ in verify_plan} if trials is not None else None,
+                   max_running=max_running, image_warmup=arch in startup.IMAGE_WARMUP_ARCHS,
                    faults=active, tp_prefix=ranks[0],
                    max_total_tokens=MAX_TOTAL_TOKENS, startup=st, t_process=t0, context_len=args.context_length or
                    model_cfg.get("max_position_embeddings", 262144))

@@ -78,7 +78,8 @@ class Histogram:
 class Emulator:
     def __init__(self, *, args, model, algo, width, captured_width, capture_bs, max_running, faults, tp_prefix,
                  max_total_tokens, context_len, schedule=None, band_captured_widths=None, trial_active=None,
-                 trial_captured_widths=None, startup=None, t_process=None):
+                 trial_captured_widths=None, startup=None, t_process=None, trial_width_bs=None,
+                 image_warmup=False):
         self.args = args
         self.model = model
         self.algo = algo
@@ -96,6 +97,11 @@ class Emulator:
         # the start of every decode step; the step's band is the active candidate's for the running batch
         self.trial_active = trial_active
         self.trial_captured_widths = trial_captured_widths or {}
+        self.image_warmup = image_warmup  # the model has image understanding: 0.5.23 warms up with an image
+        self._jit_done = False          # the first forward's JIT builds (startup.Plan.jit) are behind us
+        # a trial set's graphs per verify width (a candidate other than the active one may have fewer:
+        # trial_bs); each width's runner pads to its own list, as SGLang's graph runner does
+        self.trial_width_bs = {w: sorted(bs) for w, bs in (trial_width_bs or {}).items()}
         self.step_budget = width - 1 if algo else 0
         self.max_running = max_running
         self.faults = faults
@@ -198,16 +204,25 @@ class Emulator:
         self.server = server
         loop.create_task(self.sigterm_watchdog())
         slow = self.faults.get("slow_start")
-        warmup_s = self.startup.warmup_s if self.startup is not None else 180.0
+        st = self.startup
         client = f"127.0.0.1:{40000 + os.getpid() % 20000}"
         if not self.args.skip_server_warmup:
-            # _execute_server_warmup: GET /model_info, then one 8-token generation; at the site the
-            # first forwards JIT-compile and autotune (~3 min, what --skip-server-warmup saves)
-            await asyncio.sleep(warmup_s / self.scale + (float(slow.get("warmup_s", 0)) if slow else 0.0))
+            # _execute_server_warmup: GET /model_info, then one 8-token request: for Kimi K2.5/K2.6 (a VLM)
+            # a chat request with a 512x512 image (MoonViT's torch.compile), else /generate with text; its
+            # first forward builds what the JIT caches lack (_first_forward_jit)
+            await asyncio.sleep(1.0 / self.scale)
             log(f'INFO:     {client} - "GET /model_info HTTP/1.1" 200 OK')
+            image = self.image_warmup and not self.args.skip_tokenizer_init
+            if image:
+                log("Using a 512x512 image for Kimi VLM startup warmup to compile MoonViT position interpolation.")
+            await self._first_forward_jit()
+            rest = (st.warmup_s - st.jit_s) if st is not None else 6.0
+            if st is not None and st.vision_s and image:
+                startup_mod.record_built_inductor()
+            await asyncio.sleep(max(rest - 1.0, 0.0) / self.scale + (float(slow.get("warmup_s", 0)) if slow else 0.0))
             warm = self.submit(textgen.encode("The capital city of France is"), 8, 0.0, internal=True)
             await self.wait_done(warm)
-            log(f'INFO:     {client} - "POST /generate HTTP/1.1" 200 OK')
+            log(f'INFO:     {client} - "POST {"/v1/chat/completions" if image else "/generate"} HTTP/1.1" 200 OK')
         elif slow and float(slow.get("warmup_s", 0)) > 0:
             await asyncio.sleep(float(slow.get("warmup_s", 0)))
         log(f'INFO:     {client} - "POST /freeze_gc HTTP/1.1" 200 OK')
@@ -216,7 +231,8 @@ class Emulator:
             st = self.startup
             lab_s = time.monotonic() - self.t_process
             log(f"[opsctl-lab] start-up at the site's scale: total={st.total_s:.2f} s, "
-                f"warm-up={0.0 if self.args.skip_server_warmup else st.warmup_s:.2f} s "
+                f"warm-up={0.0 if self.args.skip_server_warmup else st.warmup_s:.2f} s, "
+                f"jit={0.0 if self.args.skip_server_warmup else st.jit_s:.2f} s "
                 f"(lab {lab_s:.2f} s, time scale {self.scale:g})")
         log("The server is fired up and ready to roll!")
         async with server:
@@ -422,6 +438,9 @@ class Emulator:
                 admitted.append(self.waiting.popleft())
             if admitted:
                 ntok = sum(len(r.input_ids) for r in admitted)
+                if not self._jit_done:   # the first forward builds what the JIT caches lack
+                    await self._first_forward_jit()
+                    t_next = loop.time()
                 t_next = after(self.model.prefill_ms(ntok) / 1000.0)
                 await until(t_next)
                 now = time.monotonic()
@@ -467,7 +486,7 @@ class Emulator:
                     f"tensor b ({b * step_width}) at non-singleton dimension 0",
                     rank=self.rank, prefix="Scheduler hit an exception: ", sigquit=True)
             banded = self.schedule is not None or self.trial_active is not None
-            graph_bs = self._graph_bs(batch)
+            graph_bs = self._graph_bs(batch, step_width if self.trial_active is not None else None)
             if graph_bs != batch:
                 self.padded_steps[(batch, graph_bs)] = self.padded_steps.get((batch, graph_bs), 0) + 1
             t_next = after(self.model.step_ms(graph_bs, width=step_width,
@@ -500,10 +519,32 @@ class Emulator:
                 self._log_step_parts()
             self._reap()
 
-    def _graph_bs(self, batch: int) -> int:
+    async def _first_forward_jit(self) -> None:
+        """The first forward's JIT builds (once per process): FlashInfer logs each cold build through
+        its own logger (flashinfer/jit/core.py JitSpec.build, format `%(asctime)s - %(levelname)s -
+        %(filename)s:%(lineno)d - flashinfer.jit: %(message)s`, once: the build holds a file lock and
+        the other ranks then find the module built); SGLang's JIT builds say nothing at INFO. Each
+        module's file is in the cache afterwards, so the next start finds it warm."""
+        self._jit_done = True
+        st = self.startup
+        if st is None or not st.jit:
+            return
+        for lib, name, secs, path in st.jit:
+            if lib == "flashinfer":
+                now = datetime.datetime.now()
+                sys.stdout.write(f"{now:%Y-%m-%d %H:%M:%S},{now.microsecond // 1000:03d} - INFO - core.py:594 - "
+                                 f"flashinfer.jit: Building JIT module {name}; this can take several minutes "
+                                 f"on first use.\n")
+                sys.stdout.flush()
+            await asyncio.sleep(secs / self.scale)
+            startup_mod.record_built([path])
+
+    def _graph_bs(self, batch: int, width: int | None = None) -> int:
         """The batch a decode step's forward runs at: the smallest captured size >= the running batch
-        (padded, as DecodeCudaGraphRunner replays it); itself past the largest graph or without graphs."""
-        return sglang_rules.pad_to_cuda_graph_bs(batch, self.capture_bs)
+        (padded, as DecodeCudaGraphRunner replays it); itself past the largest graph or without graphs.
+        A trial set's width pads within that width's own graphs."""
+        graphs = self.trial_width_bs.get(width, self.capture_bs) if width is not None else self.capture_bs
+        return sglang_rules.pad_to_cuda_graph_bs(batch, graphs)
 
     def _drafts_per_round(self, r: Req, now: float | None = None) -> float:
         """Mean accepted drafts per round for this request: the model's acceptance scaled by

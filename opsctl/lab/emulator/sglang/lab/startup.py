@@ -18,6 +18,19 @@ Environment (all optional):
                           maps budget -> seconds), e.g. '{"weight_load_s": 60, "warmup_s": 0}'.
   TRITON_CACHE_DIR        the release's Triton cache; its opsctl-triton-manifest.json lists the
                           specialisations compiled into it (see docs/lab.md, "Start-up phases").
+  SGLANG_CACHE_DIR, SGLANG_JIT_CACHE_DIR, FLASHINFER_WORKSPACE_BASE, TORCHINDUCTOR_CACHE_DIR
+                          the JIT caches, resolved as SGLang 0.5.23 resolves them (sglang/__init__.py
+                          redirects FlashInfer's and Inductor's under SGLANG_CACHE_DIR); a module whose
+                          built file is missing there is built by the first forward (the warm-up
+                          request, or the first request with --skip-server-warmup): `jit_s` in all.
+
+The warm-up (http_server._execute_server_warmup, read in the 0.5.23 wheel) is one 8-token request:
+for a VLM like Kimi K2.5/K2.6 (KimiK25ForConditionalGeneration) a chat request with a 512x512
+image, which also runs MoonViT's `get_rope_shape` under torch.compile. What makes it minutes at the
+site is the first forward's one-time work, modelled here: the JIT builds of FlashInfer's and
+SGLang's kernels into a cold cache (`jit_s`), and the vision compile (`vision_compile_s` with a
+cold Inductor cache, `vision_compile_warm_s` with a warm one: Dynamo still traces). With every cache
+warm the warm-up is the request itself (`warmup_s`). docs/startup.md has the evidence and the split.
 """
 from __future__ import annotations
 
@@ -49,14 +62,88 @@ DEFAULTS: dict = {
     "capture_per_token_s": 0.05,
     # the drafter's graphs (one block-size forward per batch size)
     "draft_capture_per_bs_s": 1.0,
-    # `--skip-server-warmup` saves ~3 min at the site
-    "warmup_s": 180.0,
+    # the warm-up request itself (one image chat request, 8 tokens) once every cache is warm
+    "warmup_s": 6.0,
+    # the first forward's JIT builds into cold caches (FlashInfer + SGLang JIT kernels, JIT_MODULES);
+    # with the vision compile and the request, the site's ~3 min warm-up (what --skip-server-warmup moves)
+    "jit_s": 150.0,
+    # MoonViT position interpolation under torch.compile (the 512x512 warm-up image): cold / warm Inductor
+    "vision_compile_s": 24.0,
+    "vision_compile_warm_s": 6.0,
     "compile_s": dict(COMPILE_S),
 }
 
 
 class ScaleError(ValueError):
     pass
+
+
+FLASHINFER_VERSION = "0.7.2"      # sglang 0.5.23 pins flashinfer_python 0.7.2
+FLASHINFER_ARCH = "120"           # FlashInfer's workspace names the target archs by major+minor (sm_120)
+SGLANG_JIT_TARGET = "sm_120"
+# What the first forward of Kimi K2.6 at TP8 builds into cold caches: (library, module, share of
+# jit_s). FlashInfer's names as its JitSpec names them (jit/attention/modules.py get_batch_mla_uri,
+# sampling, norm); SGLang's JIT kernels by module (sglang/kernels/jit: built silently at INFO).
+JIT_MODULES = (
+    ("flashinfer", "batch_mla_attention_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_dtype_idx_i32_head_dim_ckv_512_"
+                   "head_dim_kpe_64_profiler_False_planabi2", 0.40),
+    ("flashinfer", "sampling", 0.20),
+    ("flashinfer", "norm", 0.10),
+    ("sglang", "moe_fused_gate", 0.17),
+    ("sglang", "per_token_group_quant_8bit", 0.13),
+)
+# architectures whose 0.5.23 warm-up sends an image that compiles (http_server._get_vlm_warmup_image_base64)
+IMAGE_WARMUP_ARCHS = ("KimiK25ForConditionalGeneration",)
+INDUCTOR_MARK = "fxgraph/opsctl-lab-kimi_k25-get_rope_shape"   # the emulator's stand-in for Inductor's entry
+
+
+def cache_dirs(environ=None) -> dict[str, Path]:
+    """The JIT cache directories as SGLang 0.5.23 resolves them (environ.redirect_third_party_caches:
+    setdefault under SGLANG_CACHE_DIR; SGLANG_JIT_CACHE_DIR defaults to ~/.cache/sglang/jit)."""
+    env = os.environ if environ is None else environ
+    home = Path(env.get("HOME") or os.path.expanduser("~"))
+    base = Path(os.path.expanduser(env.get("SGLANG_CACHE_DIR") or str(home / ".cache" / "sglang")))
+    fi = Path(env.get("FLASHINFER_WORKSPACE_BASE") or base)
+    return {"flashinfer": fi / ".cache" / "flashinfer" / FLASHINFER_VERSION / FLASHINFER_ARCH / "cached_ops",
+            "sglang": Path(os.path.expanduser(env.get("SGLANG_JIT_CACHE_DIR") or str(home / ".cache/sglang/jit"))),
+            "inductor": Path(env.get("TORCHINDUCTOR_CACHE_DIR") or base / "inductor")}
+
+
+def record_built_inductor(environ=None) -> None:
+    """The vision compile's Inductor entry (the emulator's stand-in): a later start's compile is warm."""
+    record_built([cache_dirs(environ)["inductor"] / INDUCTOR_MARK])
+
+
+def module_path(lib: str, name: str, dirs: dict[str, Path]) -> Path:
+    if lib == "flashinfer":
+        return dirs["flashinfer"] / name / f"{name}.so"
+    import hashlib
+
+    key = hashlib.sha256(f"{name}\0sglang-0.5.23\0{SGLANG_JIT_TARGET}".encode()).hexdigest()[:16]
+    return dirs["sglang"] / SGLANG_JIT_TARGET / name / f"build-{key}" / f"deps-{key}" / f"{name}.so"
+
+
+def cold_modules(jit_s: float, dirs: dict[str, Path]) -> list[tuple[str, str, float, Path]]:
+    """(library, module, site seconds, its built file) for each module the cache lacks."""
+    out = []
+    for lib, name, share in JIT_MODULES:
+        path = module_path(lib, name, dirs)
+        if not path.is_file():
+            out.append((lib, name, jit_s * share, path))
+    return out
+
+
+def record_built(paths: list[Path]) -> None:
+    """A build leaves its module's file (the emulator has no kernels: a stand-in, written atomically
+    as ninja's output is published); best effort, a read-only cache stays cold."""
+    for path in paths:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text("opsctl-lab emulated JIT module (no code)\n")
+            os.replace(tmp, path)
+        except OSError:
+            pass
 
 
 def time_scale() -> float:
@@ -190,10 +277,16 @@ class Plan:
     draft_captures: list[tuple[int, list[int], float]] = field(default_factory=list)
     compiles: list[tuple[Specialisation, float]] = field(default_factory=list)
     compile_cache: str | None = None
-    warmup_s: float = 0.0
+    warmup_s: float = 0.0            # the warm-up in all (request + jit_s + vision_s): 0 when skipped
+    jit: list = field(default_factory=list)   # cold_modules(): built by the first forward
+    jit_s: float = 0.0
+    vision_s: float = 0.0            # the warm-up image's MoonViT compile (0 without an image warm-up)
+    skip_warmup: bool = False
 
     @property
     def total_s(self) -> float:
+        """Process start to ready (with --skip-server-warmup the JIT builds come after ready, at the
+        first request, and are not in it)."""
         return (self.init_s + self.weight_load_s + self.memory_pool_s + sum(s for _, _, s in self.target_captures)
                 + self.draft_capture_s + sum(s for _, s in self.compiles) + self.warmup_s)
 
@@ -203,13 +296,20 @@ class Plan:
 
 def plan(*, groups: list[tuple[int, list[int]]], drafted_bs: list[int], budgets: list[int], block: int,
          vocab_shard: int, skip_warmup: bool, dummy_weights: bool,
-         draft_groups: list[tuple[int, list[int]]] | None = None) -> Plan:
+         draft_groups: list[tuple[int, list[int]]] | None = None, image_warmup: bool = False) -> Plan:
     """`groups`: (num_tokens_per_req, bs) per target graph capture; `drafted_bs`: the drafter's one
     capture, or `draft_groups`: (budget, bs) per drafter capture (a DDTree trial set: once per budget)."""
     c = constants()
     p = Plan(scale=time_scale(), init_s=c["init_s"],
              weight_load_s=c["weight_load_s"] * (0.1 if dummy_weights else 1.0), memory_pool_s=c["memory_pool_s"],
-             warmup_s=0.0 if skip_warmup else c["warmup_s"])
+             skip_warmup=skip_warmup)
+    dirs = cache_dirs()
+    p.jit = cold_modules(c["jit_s"], dirs)
+    p.jit_s = sum(m[2] for m in p.jit)
+    if image_warmup and not skip_warmup:
+        p.vision_s = c["vision_compile_warm_s"] if (dirs["inductor"] / INDUCTOR_MARK).is_file() else \
+            c["vision_compile_s"]
+    p.warmup_s = 0.0 if skip_warmup else c["warmup_s"] + p.jit_s + p.vision_s
     for width, bs in groups:
         p.target_captures.append((width, bs, len(bs) * (c["capture_per_bs_s"] + c["capture_per_token_s"] * width)))
     if draft_groups is not None:
