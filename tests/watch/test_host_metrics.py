@@ -209,3 +209,30 @@ def test_the_controller_names_the_guard_unit_the_switch_arms():
     assert cfg["guard_unit"] == guard_unit(host)
     assert cfg["textfile"] == "/var/lib/prometheus/node-exporter/opsctl.prom"
     assert cfg["analysis"]["ddtree"]["schema"]
+
+
+def test_a_switch_the_host_recorded_counts_once_with_its_starts_figures(tmp_path):
+    """Since issue #50 the host's switch program writes the `switch` record and the controller adds
+    a `start` record (same switch_id) with the gap and the start's phases: the file (saved from the
+    lab's run of test_metrics_lab.py) counts each switch once and takes its figures from its start,
+    as `opsctl status` reads them (facts.fold_switches)."""
+    from opsctl.host.facts import fold_switches
+
+    recs = [json.loads(line) for line in (LEDGER.parent / "ledger-metrics-lab-host-switch.jsonl").read_text()
+            .splitlines() if line.strip()]
+    raw_switches = [r for r in recs if r.get("action") == "switch"]
+    assert raw_switches and all(r["by"] == "opsctl-switch" and "gap_s" not in r for r in raw_switches)
+    live = raw_switches[-1]["to_release"]
+    root = _root(tmp_path, recs, live, {"profile": {"name": "ar-tp8", "kind": "autoregressive"}})
+    fams = _families(m.exposition(m.collect(str(root), {}, now=1796461600.0,
+                                            run=lambda argv, **kw: subprocess.CompletedProcess(argv, 1, "", ""))))
+    assert _sample(fams, "opsctl_switches", cause="deploy") == 2 and _sample(fams, "opsctl_switches",
+                                                                            cause="rollback") == 1
+    last = [r for r in fold_switches(recs) if r.get("action") == "switch"][-1]
+    assert last["switch_id"] == raw_switches[-1]["switch_id"] and last["gap_s"] is not None
+    for part in ("drain", "stop", "start", "gap"):
+        assert _sample(fams, f"opsctl_last_switch_{part}_seconds") == pytest.approx(last[f"{part}_s"]), part
+    assert _sample(fams, "opsctl_last_start_seconds") == pytest.approx(last["startup"]["total_s"])
+    phases = {s.labels["phase"]: s.value for s in fams["opsctl_last_start_phase_seconds"].samples}
+    assert phases and phases == {p["phase"]: p["seconds"] for p in last["startup"]["phases"]
+                                 if p.get("seconds") is not None}
