@@ -117,8 +117,9 @@ def test_a_deploy_drains_a_stream_of_long_requests_without_aborting_one(served, 
     for k in ("drain_s", "stop_s", "start_s", "gap_s", "inflight_at_start", "aborted", "pool_out_at", "pool_in_at"):
         assert sw.get(k) is not None, (k, sw)
     assert sw["aborted"] == 0 and sw["inflight_at_start"] >= 1 and not sw["deadline_hit"]
-    # at the site's scale: the stop as measured, the start as the emulator modelled it (minutes)
-    assert sw["time_scale"] and sw["startup"]["total_s"] > 300
+    # at the site's scale: the stop as measured, the start as the emulator modelled it (minutes: 3.5
+    # with the JIT caches an earlier start left warm, issue #51; the lab's own start is under 2 s)
+    assert sw["time_scale"] and sw["startup"]["total_s"] > 120
     assert sw["site"]["gap_s"] == pytest.approx(sw["stop_s"] + sw["startup"]["total_s"], abs=0.2)
     gap = out["outcomes"][0]["gap"]
     assert gap["aborted"] == 0 and gap["gap_s"] == sw["gap_s"]
