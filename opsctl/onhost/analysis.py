@@ -22,6 +22,12 @@ The rules, and where each phase measures them:
   restarts       watch: failed exits of the server in the window.
   canary         gate: greedy output identical to the baseline's, for the kinds that must.
 
+Each rule is judged by one function here (issue #53: `judge_accept_length`, `judge_throughput`,
+`judge_errors`, `judge_restarts`, returning a `RuleResult`), which the gate calls per level and
+`evaluate_window` per window: the threshold that applies, the comparison (`clears`, `exceeds`),
+the marginal band, the budget-0 band exception and the samples a rule needs are decided there
+alone; each phase gathers its own observation and words its own verdict.
+
 `build_spec` makes a profile's spec from the profile's fields and the inventory's
 `opsctl.gate` and `opsctl.watch` rules (on the controller: `HostConfig.analysis`); the watch's
 configuration carries each profile's spec as JSON (`to_dict` / `from_dict`), and
