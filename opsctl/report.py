@@ -130,13 +130,12 @@ def gate_limits(verdict: Verdict, baseline: BenchRun) -> list[tuple[int, float, 
     if not verdict.policy and not verdict.analysis:
         return []
     thr = verdict.spec().throughput      # the thresholds the gate judged by, from its analysis spec
-    at, gain, loss = thr.speedup_concurrency, thr.min_speedup, -thr.max_regression
     out = []
     for lv in baseline.median().levels:
         if lv.level <= 0:
             continue
-        need = gain if lv.level == at else loss
-        out.append((lv.level, lv.output_throughput * (1 + need), f"{need * 100:+.0f} %"))
+        need = thr.threshold_at(lv.level)   # the ratio the level's rule held it to (analysis.judge_throughput)
+        out.append((lv.level, lv.output_throughput * need, f"{(need - 1) * 100:+.0f} %"))
     return out
 
 

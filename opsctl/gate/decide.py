@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from opsctl.errors import ConfigError
-from opsctl.onhost.analysis import AnalysisSpec, build_spec
+from opsctl.onhost.analysis import GATE, AnalysisSpec, RuleResult, build_spec, clears, judge_accept_length, \
+    judge_errors, judge_throughput
 
 if TYPE_CHECKING:  # annotations only: opsctl.config imports this module for GatePolicy, and a command
     # that reads the inventory but judges nothing (render, watch) does not load the result models
@@ -330,40 +331,40 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
                                  accept_length=None, baseline_accept_length=b.accept, status="fail"))
             continue
         st: Status = "pass"
-        delta = (k.output_throughput / b.output_throughput - 1.0) if b.output_throughput > 0 else None
+        ratio = k.output_throughput / b.output_throughput if b.output_throughput > 0 else None
+        delta = None if ratio is None else ratio - 1.0
         aggregate_delta = delta
         req_means: tuple[float | None, float | None] = (None, None)
+        # the level by the analysis' one evaluator (onhost/analysis.py), the rules the watch's windows are judged by
+        tp = judge_throughput(spec, phase=GATE, ratio=ratio, at=c)
         if delta is None:
             notes.append(f"C={c}: baseline throughput is 0; not compared")
-        else:
+        elif tp.status != "pass":
+            marg = " (marginal)" if tp.status == "marginal" else ""
             if thr.speedup_level(c):
-                s = thr.grade_speedup(delta)
-                if s != "pass":
-                    reasons.append(f"C={c}: output {k.output_throughput:.1f} tok/s vs baseline "
-                                   f"{b.output_throughput:.1f} ({delta * 100:+.1f}%), "
-                                   + (f"needs at least {thr.min_speedup * 100:+.1f}%" if thr.min_speedup >= 0
-                                      else f"below the {thr.min_speedup * 100:+.1f}% limit")
-                                   + (" (marginal)" if s == "marginal" else ""))
-                st = _worst(st, s)
-            s = thr.grade_regression(delta)
-            if s != "pass" and not (thr.speedup_level(c) and st != "pass"):
+                need = thr.needed_delta(c)
+                reasons.append(f"C={c}: output {k.output_throughput:.1f} tok/s vs baseline "
+                               f"{b.output_throughput:.1f} ({delta * 100:+.1f}%), "
+                               + (f"needs at least {need * 100:+.1f}%" if need >= 0
+                                  else f"below the {need * 100:+.1f}% limit") + marg)
+            else:
                 reasons.append(f"C={c}: output {k.output_throughput:.1f} tok/s is {-delta * 100:.1f}% below the "
                                f"baseline's {b.output_throughput:.1f} (limit -{thr.max_regression * 100:.0f}%)"
-                               + (" (marginal)" if s == "marginal" else ""))
-                st = _worst(st, s)
-        if spec.errors.level_fails(k.errors):
+                               + marg)
+            st = _worst(st, tp.status)
+        er, ar = _level_rules(k, spec, c)
+        if er.status == "fail":
             reasons.append(f"C={c}: {k.errors} failed requests over {k.repeats_merged} repeat(s) "
                            f"(allowed {spec.errors.max_failed_requests})" + (f": {k.error_samples[0]}" if getattr(
                                k, "error_samples", None) else ""))
             st = "fail"
-        acc_status = acc_rule.status(k.accept, floor_c)
-        if acc_rule.fails(acc_status):
-            if acc_status == "missing":
+        if ar.status == "fail":
+            if ar.observed is None:
                 no_accept.append(c)
             else:
                 low_accept.append((c, k.accept))
             st = "fail"
-        why = _why(st, delta, c, spec, k.accept, floor_c)
+        why = _why(st, delta, c, spec, ar)
         conf = _confidence_level(c, candidate, baseline, policy, spec)
         if conf is not None:
             # with request samples on both sides the interval decides, not the medians
@@ -374,16 +375,14 @@ def judge(candidate: BenchRun, baseline: BenchRun, policy: GatePolicy | None = N
                 reasons.append(f"C={c}: speedup {interval.pct()}: the whole interval is below "
                                f"{_need(thr, c)[1]}")
             elif decision == "inconclusive":
-                few = min(interval.n_candidate, interval.n_baseline) < spec.interval.min_requests
-                reasons.append(f"C={c}: speedup {interval.pct()}: " + (
-                    f"too few samples (at least {spec.interval.min_requests} per side)" if few else
-                    f"the interval straddles {(thr.threshold_at(c) - 1) * 100:+.0f} %: not proven"))
+                reasons.append(f"C={c}: speedup {interval.pct()}: "
+                               + judge_throughput(spec, phase=GATE, interval=interval, at=c).detail)
             for name, w in per_workload.items():
                 if w["status"] == "fail":
                     reasons.append(f"C={c}: {name} loses: {w['text']} (limit -{thr.max_regression * 100:.0f} %)")
                     decision = "fail"
-            st = _worst(_status_without_throughput(k, spec, floor_c), decision)
-            why = _why(st, delta, c, spec, k.accept, floor_c, interval=interval) if st == "pass" else \
+            st = _worst(_status_without_throughput(er, ar), decision)
+            why = _why(st, delta, c, spec, ar, interval=interval) if st == "pass" else \
                 f"{st} ({interval.pct()})"
         else:
             interval, per_workload = None, {}
@@ -459,12 +458,15 @@ def throughput_decision(policy: GatePolicy, c: int, candidate: list[float], base
                         spec: AnalysisSpec):
     """(interval, decision) of level c's speedup from per-request rates: the interval at the
     spec's confidence spread over the level's looks the policy plans, decided against the
-    level's threshold. The one rule the measuring loop (opsctl/gate/measure.py) stops on and
-    `judge` decides by."""
+    level's threshold by the analysis' throughput rule (`analysis.judge_throughput`, the one the
+    watch's windows are judged by). The one rule the measuring loop (opsctl/gate/measure.py)
+    stops on and `judge` decides by."""
     from opsctl.gate import interval as cf
 
     interval = cf.speedup_interval(candidate, baseline, confidence=spec.interval.confidence, looks=policy.looks_at(c))
-    return interval, cf.decide(interval, spec.throughput.threshold_at(c), spec.interval.min_requests)
+    if interval is None:
+        return None, "inconclusive"
+    return interval, judge_throughput(spec, phase=GATE, interval=interval, at=c).status
 
 
 def _confidence_level(c: int, candidate: BenchRun, baseline: BenchRun, policy: GatePolicy, spec: AnalysisSpec):
@@ -487,7 +489,7 @@ def _confidence_level(c: int, candidate: BenchRun, baseline: BenchRun, policy: G
         row: dict = {"n": len(wc), "accept_length": cf.accept_length(cs, name),
                      "baseline_accept_length": cf.accept_length(bs, name)}
         if iv is not None:
-            d = cf.decide(iv, 1 - spec.throughput.max_regression, spec.interval.min_workload_requests)
+            d = judge_throughput(spec, phase=GATE, interval=iv, workload=True).status
             row.update(delta_pct=(iv.ratio - 1) * 100, low_pct=(iv.low - 1) * 100,
                        high_pct=(iv.high - 1) * 100 if math.isfinite(iv.high) else None,
                        status=d if d != "inconclusive" else "not judged alone", text=iv.pct())
@@ -529,7 +531,7 @@ def accept_cause(per_workload: dict[str, float], floor: float | None) -> str:
         return ("; one workload's requests (or none with verify rounds) cannot tell a tree bug from the "
                 "drafter's domain: bench the workload mix to tell")
     shown = ", ".join(f"{w} {a:.2f}" for w, a in per_workload.items())
-    high = [w for w, a in per_workload.items() if a >= floor]
+    high = [w for w, a in per_workload.items() if clears(a, floor)]
     if not high:
         return (f"; low on every workload ({shown}): a drop on every kind of text points at a tree-mask, "
                 "position or graph-padding bug")
@@ -538,22 +540,23 @@ def accept_cause(per_workload: dict[str, float], floor: float | None) -> str:
             "served text, or keep the baseline for it")
 
 
-def _status_without_throughput(k: BenchLevel, spec: AnalysisSpec, floor: float | None) -> Status:
+def _level_rules(k: BenchLevel, spec: AnalysisSpec, c: int) -> tuple[RuleResult, RuleResult]:
+    """Level c's errors and accept-length rules (onhost/analysis.py's evaluator)."""
+    return (judge_errors(spec, phase=GATE, failed=k.errors),
+            judge_accept_length(spec, k.accept, phase=GATE, at=c))
+
+
+def _status_without_throughput(errors: RuleResult, accept: RuleResult) -> Status:
     """The level's status from errors and accept length only (the interval judges throughput)."""
-    if spec.errors.level_fails(k.errors):
-        return "fail"
-    if spec.accept_length.fails(spec.accept_length.status(k.accept, floor)):
-        return "fail"
-    return "pass"
+    return "fail" if "fail" in (errors.status, accept.status) else "pass"
 
 
-def _why(status: str, delta: float | None, c: int, spec: AnalysisSpec, accept: float | None,
-         floor: float | None, *, interval=None) -> str:
+def _why(status: str, delta: float | None, c: int, spec: AnalysisSpec, accept: RuleResult, *, interval=None) -> str:
     """The status of one level in words that match its numbers (never "better" for a loss)."""
     if delta is None:
         return "not compared (baseline throughput 0)"
     pct = interval.pct() if interval is not None else f"{delta * 100:+.1f} %"
-    acc = f", accept {accept:.2f} >= floor {floor:.2f}" if accept is not None and floor is not None and \
+    acc = f", accept {accept.observed:.2f} >= floor {accept.threshold:.2f}" if accept.status == "pass" and \
         status == "pass" else ""
     if status != "pass":
         return f"{status} ({pct})"

@@ -47,6 +47,8 @@ from functools import lru_cache
 from statistics import NormalDist
 from typing import Iterable, Literal
 
+from opsctl.onhost.analysis import against_interval
+
 Decision = Literal["pass", "fail", "inconclusive"]
 METHOD = "log-t"
 METHOD_TEXT = "Welch t interval on the log of the ratio of mean per-request tok/s"
@@ -209,14 +211,13 @@ def workload_intervals(candidate: dict[str, list[float]], baseline: dict[str, li
 
 def decide(interval: Interval | None, threshold: float, min_requests: int) -> Decision:
     """pass / fail only when the interval clears `threshold` (a ratio: 1.05 = needs +5 %)
-    with at least `min_requests` samples on each side; else inconclusive."""
-    if interval is None or interval.n_candidate < min_requests or interval.n_baseline < min_requests:
+    with at least `min_requests` samples on each side; else inconclusive. The comparison is the
+    analysis' (`analysis.against_interval`, which the gate's levels are judged by); this is
+    the form the benchmarks call with a threshold of their own."""
+    if interval is None:
         return "inconclusive"
-    if interval.low >= threshold:
-        return "pass"
-    if interval.high < threshold:
-        return "fail"
-    return "inconclusive"
+    return against_interval(interval.low, interval.high, interval.n_candidate, interval.n_baseline, threshold,
+                            min_requests)  # type: ignore[return-value]
 
 
 # --------------------------------------------------------------------------- Student's t, standard library only
