@@ -33,17 +33,10 @@ class Ops:
 def ledger(lab, root: str = "/opt/opsctl", *, raw: bool = False) -> list[dict]:
     """The host's ledger records (a torn or foreign line skipped: the tests that make one read past it),
     as opsctl reads them: a switch recorded on the host and the controller's `start` record after it
-    as one switch record (opsctl.host.facts.fold_switches); `raw`: the lines as written."""
-    from opsctl.host.facts import fold_switches
+    as one switch record (opsctl.onhost.ledger_records.fold_switches); `raw`: the lines as written."""
+    from opsctl.onhost.ledger_records import fold_switches, json_records
 
-    out = []
-    for line in lab.run(f"cat {root}/ledger.jsonl", check=False).stdout.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
+    out = json_records(lab.run(f"cat {root}/ledger.jsonl", check=False).stdout.encode())
     return out if raw else fold_switches(out)
 
 
