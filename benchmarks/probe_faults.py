@@ -214,11 +214,13 @@ def kinds() -> list[Kind]:
         Kind("the watch (collapse, slow decode, idle, racing deploy, tune, crash loop, full disk)",
              "the watch agent on the host under each condition", "it trips on collapse / throughput alone / a "
              "crash loop, never when idle, re-arms after a deploy or a tune, acts once the disk has room",
+             # in the module's order (pytest runs node ids in the order given): its tests share one
+             # lab host and the watch's state; the re-arm test re-arms the trip the decay test left
              tests=["tests/watch/test_watch_lab.py::" + t for t in (
                  "test_decayed_ddtree_is_switched_back_to_the_baseline_by_the_host_alone",
+                 "test_a_new_deploy_rearms_the_watch", "test_idle_release_is_never_switched",
+                 "test_crash_loop_is_rolled_back", "test_the_watch_judges_the_live_release_again_after_a_tune",
                  "test_a_release_below_the_baseline_curve_is_switched_back_on_throughput_alone",
-                 "test_idle_release_is_never_switched", "test_a_new_deploy_rearms_the_watch",
-                 "test_the_watch_judges_the_live_release_again_after_a_tune", "test_crash_loop_is_rolled_back",
                  "test_a_breach_on_a_full_disk_is_shown_failing_and_acted_on_once_there_is_room")]),
         Kind("ledger races", "8 writers x 60 records (3 KB each) at once through bin/opsctl-ledger-append, a "
              "torn last line already there", "every record whole, each writer's in order, the torn line moved "

@@ -235,6 +235,8 @@ def test_killed_watch_is_restarted_by_systemd_with_its_state(wl, ops):
 
 
 def test_a_new_deploy_rearms_the_watch(wl, ops):
+    # the module's lab host and watch carry over: the decay test above left the watch tripped
+    assert watch_status(ops, wl.inv)["tripped"], "precondition: a tripped watch (run after the decay test)"
     ddt = deploy(ops, wl.inv, "ddtree", "--budget", "16", *FAST)
     # wait for the watch to take in this deploy (whatever the tests before left: tripped or not)
     st = wait_for(lambda: (s := watch_status(ops, wl.inv))["tripped"] is None
